@@ -1,0 +1,1 @@
+"""Checkpoint tensor layouts: pure pack_*/unpack_* functions."""

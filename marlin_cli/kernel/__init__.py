@@ -1,0 +1,1 @@
+"""The bundled CUDA kernel: build on first use, typed op wrappers, and the plain-torch reference of every op."""
