@@ -1,0 +1,1 @@
+"""Quantization presets (YAML), installed as package data."""

@@ -1,0 +1,1 @@
+"""CUDA sources of the bundled kernel, installed as package data."""
