@@ -1,17 +1,120 @@
-"""Typed wrappers of the kernel ops. Until a CUDA build is present every op runs through `reference`."""
+"""Typed wrappers of the kernel ops: CUDA tensors run through the bundled kernel, CPU tensors through `reference`.
+
+There is no silent fallback on a GPU: if the kernel cannot be built, `gemm` raises KernelUnavailable.
+"""
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
-from marlin_cli.kernel import reference
+from marlin_cli.errors import ShapeError
+from marlin_cli.kernel import build, reference
+
+# Mirrors kernels/marlin.h: completion counters, then two fp32 partial tiles of 64 x 256 per multiprocessor.
+_COUNTER_INTS = 1 << 16
+_TILE_ELEMS = 64 * 256
+GROUP_SIZES = (32, 64, 128)
+
+_lock = threading.Lock()
+_workspaces: dict[int, torch.Tensor] = {}
+_fake_registered = False
 
 
 def kernel_name(device: torch.device) -> str:
-    """Which implementation `gemm` uses for tensors on `device`."""
+    """Which implementation `gemm` uses for tensors on `device`: "cuda" or "reference"."""
+    device = torch.device(device)
+    if device.type == "cuda" and build.kernel_problem(device) is None:
+        return "cuda"
     return "reference"
 
 
+def check_shapes(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor | None = None) -> None:
+    """Raise ShapeError (value, rule, fix) unless the operands fit the Marlin layout."""
+    if a.dim() != 2 or b.dim() != 2 or s.dim() != 2:
+        raise ShapeError(
+            f"a {tuple(a.shape)}, b {tuple(b.shape)}, s {tuple(s.shape)}: all three must be 2-D "
+            "(flatten leading batch dimensions of a into its rows)"
+        )
+    m, k = a.shape
+    n = b.shape[1] // 2
+    if m < 1:
+        raise ShapeError(f"a has {m} rows: the kernel needs at least 1 (skip the call for empty batches)")
+    if k % 128:
+        raise ShapeError(f"in_features={k} must be a multiple of 128 (Marlin tile); keep this layer unquantized")
+    if b.shape[0] * 16 != k or b.shape[1] % 2:
+        raise ShapeError(
+            f"b {tuple(b.shape)} does not match a {tuple(a.shape)}: a Marlin weight for K={k} is int32 (K/16, 2N) = "
+            f"({k // 16}, 2N); pass the `.B` tensor packed for this layer"
+        )
+    if n % 64:
+        raise ShapeError(f"out_features={n} must be a multiple of 64 (Marlin tile); keep this layer unquantized")
+    groups = s.shape[0]
+    if s.shape[1] != n or groups < 1 or k % groups or (groups > 1 and k // groups not in GROUP_SIZES):
+        raise ShapeError(
+            f"scales {tuple(s.shape)} do not fit K={k}, N={n}: they must be (K/g, N) with g in {GROUP_SIZES} or a "
+            f"single row (per channel); pass the `.s` tensor packed with the layer"
+        )
+    if perm is not None and (perm.dim() != 1 or perm.shape[0] != k):
+        raise ShapeError(f"perm {tuple(perm.shape)} must be ({k},), one index per input feature of a")
+
+
+def _check_cuda_operands(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor | None) -> None:
+    if a.dtype != torch.float16 or s.dtype != torch.float16:
+        raise ShapeError(f"a is {a.dtype} and s is {s.dtype}: the kernel takes float16 for both; cast with .half()")
+    if b.dtype != torch.int32:
+        raise ShapeError(f"b is {b.dtype}: the kernel takes the int32 Marlin-packed weight")
+    if perm is not None and perm.dtype != torch.int32:
+        raise ShapeError(f"perm is {perm.dtype}: the kernel takes int32; convert with .int()")
+    tensors = {"a": a, "b": b, "s": s} | ({"perm": perm} if perm is not None else {})
+    for name, t in tensors.items():
+        if t.device != a.device:
+            raise ShapeError(f"{name} is on {t.device} but a is on {a.device}: move every operand to one device")
+        if not t.is_contiguous():
+            raise ShapeError(f"{name} {tuple(t.shape)} is not contiguous: pass {name}.contiguous()")
+
+
+def _ensure_loaded() -> None:
+    global _fake_registered
+    build.load_kernel()
+    with _lock:
+        if not _fake_registered:
+
+            @torch.library.register_fake("marlin_cli::gemm")
+            def _gemm_fake(
+                a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor | None, workspace: torch.Tensor
+            ) -> torch.Tensor:
+                torch._check(a.dim() == 2 and b.dim() == 2, lambda: "marlin_cli::gemm: a and b must be 2-D")
+                torch._check(b.shape[0] * 16 == a.shape[1], lambda: "marlin_cli::gemm: b does not match a's K")
+                return a.new_empty((a.shape[0], b.shape[1] // 2))
+
+            _fake_registered = True
+
+
+def workspace(device: torch.device) -> torch.Tensor:
+    """The zeroed int32 workspace of `device` (counters the kernel returns to zero, then partial tiles)."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _lock:
+        ws = _workspaces.get(index)
+        if ws is None:
+            sms = torch.cuda.get_device_properties(index).multi_processor_count
+            ws = torch.zeros(_COUNTER_INTS + sms * 2 * _TILE_ELEMS, dtype=torch.int32, device=f"cuda:{index}")
+            _workspaces[index] = ws
+        return ws
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor | None = None) -> torch.Tensor:
-    """C (M, N) = A[:, perm] @ dequant(B): A (M, K) fp16, B int32 (K/16, 2N) Marlin layout, s fp16 (K/g, N)."""
-    return reference.gemm(a, b, s, perm)
+    """C (M, N) = A[:, perm] @ dequant(B): A (M, K) fp16, B int32 (K/16, 2N) Marlin layout, s fp16 (K/g, N).
+
+    K % 128 == 0, N % 64 == 0, g in {32, 64, 128} or one row of per-channel scales; perm int32 (K,) for act-order.
+    CUDA tensors run through the kernel (KernelUnavailable if it cannot be built), CPU tensors through the reference.
+    One workspace per device: calls on different streams of one device must not overlap.
+    """
+    check_shapes(a, b, s, perm)
+    if a.device.type != "cuda":
+        return reference.gemm(a, b, s, perm)
+    _check_cuda_operands(a, b, s, perm)
+    _ensure_loaded()
+    return torch.ops.marlin_cli.gemm(a, b, s, perm, workspace(a.device))

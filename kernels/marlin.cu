@@ -1,0 +1,139 @@
+// FP16 x INT4 GEMM on the MARLIN dense layout: host side (tile choice, launches) and the act-order gather.
+// The kernel itself is in marlin_kernel.cuh, instantiated per chunk height in marlin_mb1.cu .. marlin_mb4.cu.
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90 -c <file>.cu
+#include "marlin_kernel.cuh"
+
+namespace marlin_cli {
+namespace detail {
+
+// A[:, perm] into a scratch buffer: one thread per 8 output columns.
+__global__ void gather_columns(const __half* __restrict__ a, const int* __restrict__ perm, __half* __restrict__ out,
+                               int m, int k) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t groups = static_cast<int64_t>(m) * (k / 8);
+  if (idx >= groups) return;
+  const int64_t row = idx / (k / 8);
+  const int c0 = static_cast<int>(idx % (k / 8)) * 8;
+  const __half* src = a + row * k;
+  __half v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = src[perm[c0 + i]];
+  *reinterpret_cast<int4*>(out + row * k + c0) = *reinterpret_cast<int4*>(v);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host side
+// ---------------------------------------------------------------------------------------------------------------
+
+int max_smem(int device) {
+  static int cache[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) return 0;
+  if (cache[device] == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+    cache[device] = v;
+  }
+  return cache[device];
+}
+
+int smem_of(const Choice& c) {
+#define MARLIN_SMEM(MB, NS, ST) \
+  if (c.mb == MB && c.ns == NS && c.stages == ST) return CfgFor<MB, NS, ST>::SMEM;
+  MARLIN_CONFIGS(MARLIN_SMEM)
+#undef MARLIN_SMEM
+  return -1;
+}
+
+cudaError_t launch_choice(const Choice& c, bool grouped, const Params& p, int grid, int device,
+                          cudaStream_t stream) {
+  switch (c.mb) {
+    case 1: return launch_mb1(c, grouped, p, grid, device, stream);
+    case 2: return launch_mb2(c, grouped, p, grid, device, stream);
+    case 3: return launch_mb3(c, grouped, p, grid, device, stream);
+    default: return launch_mb4(c, grouped, p, grid, device, stream);
+  }
+}
+
+// The tallest chunk (<= what m needs), widest strip (dividing n) and deepest ring that fit the shared memory.
+bool choose(int m, int n, int smem_cap, Choice* out) {
+  const int want_mb = m <= 16 ? 1 : m <= 32 ? 2 : m <= 48 ? 3 : 4;
+  for (int mb = want_mb; mb >= 1; --mb) {
+    for (int stages = 8; stages >= 4; stages -= 4) {
+      for (int ns = mb <= 2 ? 2 : 4; ns >= 1; ns /= 2) {
+        if (n % (64 * ns)) continue;
+        const Choice c{mb, ns, stages};
+        const int smem = smem_of(c);
+        if (smem > 0 && smem <= smem_cap) {
+          *out = c;
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace detail
+
+cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
+  using namespace detail;
+  if (g.m < 1 || g.k % 128 || g.n % 64 || g.k <= 0 || g.n <= 0 || g.groups < 1 || g.sms < 1) {
+    return cudaErrorInvalidValue;
+  }
+  if (g.device < 0 || g.device >= kMaxDevices || g.workspace_len < workspace_ints(g.sms)) return cudaErrorInvalidValue;
+  const bool grouped = g.groups > 1;
+  int lg_group = 0;
+  if (grouped) {
+    if (g.k % g.groups) return cudaErrorInvalidValue;
+    const int group = g.k / g.groups;
+    if (group == 32) lg_group = 1;
+    else if (group == 64) lg_group = 2;
+    else if (group == 128) lg_group = 3;
+    else return cudaErrorInvalidValue;
+  }
+
+  const int4* a = static_cast<const int4*>(g.a);
+  if (g.perm != nullptr) {
+    const int64_t groups8 = static_cast<int64_t>(g.m) * (g.k / 8);
+    const int threads = 256;
+    gather_columns<<<static_cast<unsigned>((groups8 + threads - 1) / threads), threads, 0, stream>>>(
+        static_cast<const __half*>(g.a), g.perm, static_cast<__half*>(g.a_perm), g.m, g.k);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    a = static_cast<const int4*>(g.a_perm);
+  }
+
+  Choice choice;
+  if (!choose(g.m, g.n, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
+  const int mb = choice.mb, ns = choice.ns;
+  const int rows = 16 * mb;
+  const int chunks = (g.m + rows - 1) / rows;
+  // Chunks side by side, each with its own share of the SMs; at most 16 at once keeps every chunk group at
+  // 8 or more blocks and the counters within kCounterInts.
+  const int max_par = g.sms >= 16 ? 16 : g.sms;
+  const int n_cols = g.n / (64 * ns);
+
+  Params p;
+  p.b = static_cast<const int4*>(g.b);
+  p.s = static_cast<const int4*>(g.s);
+  p.counters = g.workspace;
+  p.partials = reinterpret_cast<float*>(g.workspace + kCounterInts);
+  p.n = g.n;
+  p.k = g.k;
+  p.lg_group = lg_group;
+  for (int c0 = 0; c0 < chunks; c0 += max_par) {
+    const int par = chunks - c0 < max_par ? chunks - c0 : max_par;
+    if (static_cast<int64_t>(par) * n_cols > kCounterInts) return cudaErrorInvalidValue;
+    p.blocks_per_chunk = g.sms / par;
+    const int64_t row0 = static_cast<int64_t>(c0) * rows;
+    p.a = a + row0 * (g.k / 8);
+    p.c = static_cast<int4*>(g.c) + row0 * (g.n / 8);
+    p.m = static_cast<int>(g.m - row0);
+    const int grid = par * p.blocks_per_chunk;
+    const cudaError_t err = launch_choice(choice, grouped, p, grid, g.device, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace marlin_cli

@@ -1,0 +1,36 @@
+// FP16 x INT4 GEMM on the MARLIN dense layout (DESIGN.md 3.1 and 5): the launcher the torch binding calls.
+// Plain CUDA C++: no PyTorch headers, so `nvcc -c kernels/marlin.cu` compiles on its own.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace marlin_cli {
+
+// The workspace is one zeroed int32 buffer: kCounterInts completion counters (the kernel returns every counter it
+// touches to zero, so the buffer stays zeroed between launches), then fp32 partial tiles, two slots per block of
+// at most kMaxTileElems floats each.
+constexpr int64_t kCounterInts = 1 << 16;
+constexpr int64_t kMaxTileElems = 64 * 256;
+
+inline int64_t workspace_ints(int sms) { return kCounterInts + static_cast<int64_t>(sms) * 2 * kMaxTileElems; }
+
+struct GemmArgs {
+  const void* a;      // fp16 (m, k) row-major, contiguous
+  const void* b;      // int32 (k / 16, 2 n), Marlin tile order
+  const void* s;      // fp16 (groups, n), Marlin column order
+  const int* perm;    // int32 (k,) or nullptr: the kernel computes a[:, perm] @ W
+  void* a_perm;       // fp16 (m, k) scratch for the gathered A; only read when perm != nullptr
+  void* c;            // fp16 (m, n) output
+  int* workspace;     // int32, workspace_ints(sms) entries, zeroed before the first launch
+  int64_t workspace_len;
+  int m, n, k, groups;
+  int sms;            // multiprocessors to spread the work over
+  int device;
+};
+
+// Returns cudaSuccess or the first error (cudaErrorInvalidValue for arguments the kernel cannot take).
+cudaError_t gemm(const GemmArgs& args, cudaStream_t stream);
+
+}  // namespace marlin_cli

@@ -1,0 +1,509 @@
+// FP16 x INT4 GEMM on the MARLIN dense layout: C (m, n) = A (m, k) @ dequant(B), fp32 accumulation, fp16 output.
+//
+// Written for this project from the MARLIN paper's design (DESIGN.md 5) and the layout of DESIGN.md 3.1
+// (marlin_cli/formats/marlin.py is the executable definition). Build: nvcc -std=c++17 -O3
+//   -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90 -c kernels/marlin.cu
+//
+// Shape of the computation:
+// - C is cut into column strips of N_B = 64 * NS columns; K into k-tiles of K_B = 16 * KT rows. A "tile" is one
+//   (column strip, k-tile) pair: 8 KB of packed weights for every configuration below.
+// - Tiles are numbered column by column (k fastest) and every block takes one contiguous run of them ("striped"
+//   partition): each block streams the same number of weight bytes whatever the shape, so all SMs stay busy on the
+//   awkward real shapes, and a run may cross from one column strip into the next.
+// - A block's run covers a whole column strip (written straight to C) or part of one. Parts are combined without
+//   waiting: each part stores its fp32 partial tile in the workspace and bumps a counter; the block that completes
+//   the count adds the parts in block order (fixed, so the output is bit-reproducible) and writes C.
+// - m is handled in chunks of 16 * MB rows (MB <= 4); several chunks run side by side as groups of blocks, and each
+//   group re-reads the weights, mostly from L2 since the groups walk the same tiles at the same time.
+// - Inside a block: 8 warps = NS column warps (64 columns each) x NK k warps; the k warps of a strip split every
+//   k-tile between them and their partial sums are added in shared memory at the end of a run.
+// - Loads are 16-byte cp.async into a STAGES-deep ring; the ring index is a compile-time constant in the unrolled
+//   main loop, so every shared-memory address in the inner loop is a per-thread base plus an immediate.
+#pragma once
+
+#include "marlin.h"
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace marlin_cli {
+namespace detail {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+// ---------------------------------------------------------------------------------------------------------------
+// PTX wrappers
+// ---------------------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy that bypasses L1 (.cg): B is read once, A comes from L2. No L2 cache hint: with
+// nvcc 13.0 on sm_90 the createpolicy + L2::cache_hint form traps at run time (DESIGN.md 6).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+// Same, but copies src_bytes (0 or 16) and zero-fills the rest: rows of A past m become zeros without a branch.
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 fp16 matrices: exactly the A operand of one m16n8k16 mma.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], const uint32_t (&b)[2], float (&c)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// (a & mask) | bits in one instruction (LUT 0xea = (F0 & CC) | AA).
+template <uint32_t MASK, uint32_t BITS>
+__device__ __forceinline__ uint32_t and_or(uint32_t a) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(a), "n"(MASK), "n"(BITS));
+  return r;
+}
+
+// Explicit .rn so ptxas cannot contract a subtract and a following multiply into one differently-rounded fma.
+__device__ __forceinline__ uint32_t hsub2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
+// One packed int32 -> the B fragments of two n8 sub-tiles (DESIGN.md 3.1 step 2: nibbles 0,4 = k rows 0,1 and
+// nibbles 1,5 = k rows 8,9 of sub-tile 0; nibbles 2,6 and 3,7 the same for sub-tile 1).
+// A nibble OR-ed into the mantissa of fp16 1024.0 (0x6400) reads as 1024 + q, so one subtract of 1032 gives q - 8.
+// The nibble four bits higher reads as 1024 + 16q: multiply by 1/16 and add -72 (= -(64 + 8)) in one fma.
+// Every intermediate is an integer below 2048 or an exact power-of-two multiple, so the result is exact.
+__device__ __forceinline__ void dequant(uint32_t q, uint32_t (&f0)[2], uint32_t (&f1)[2]) {
+  constexpr uint32_t kLo = 0x000f000f, kHi = 0x00f000f0, kExp = 0x64006400;
+  constexpr uint32_t kSub = 0x64086408;  // fp16x2 1032
+  constexpr uint32_t kMul = 0x2c002c00;  // fp16x2 1/16
+  constexpr uint32_t kAdd = 0xd480d480;  // fp16x2 -72
+  const uint32_t lo0 = and_or<kLo, kExp>(q);
+  const uint32_t hi0 = and_or<kHi, kExp>(q);
+  q >>= 8;
+  const uint32_t lo1 = and_or<kLo, kExp>(q);
+  const uint32_t hi1 = and_or<kHi, kExp>(q);
+  f0[0] = hsub2(lo0, kSub);
+  f0[1] = hfma2(hi0, kMul, kAdd);
+  f1[0] = hsub2(lo1, kSub);
+  f1[1] = hfma2(hi1, kMul, kAdd);
+}
+
+// Broadcast the low / high fp16 of a word to both halves.
+__device__ __forceinline__ uint32_t bcast_lo(uint32_t w) { return __byte_perm(w, 0, 0x1010); }
+__device__ __forceinline__ uint32_t bcast_hi(uint32_t w) { return __byte_perm(w, 0, 0x3232); }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Kernel configuration
+// ---------------------------------------------------------------------------------------------------------------
+
+template <int MB_, int NS_, int KT_, int STAGES_>
+struct Cfg {
+  static constexpr int MB = MB_;          // m16 tiles per chunk (chunk = 16 * MB rows of A and C)
+  static constexpr int NS = NS_;          // 64-column strips per block tile
+  static constexpr int KT = KT_;          // k16 tiles per pipeline stage
+  static constexpr int STAGES = STAGES_;  // depth of the cp.async ring
+  static constexpr int NK = kWarps / NS;  // warps sharing one strip (they split each stage's k16 tiles)
+  static constexpr int KQ = KT / NK;      // k16 tiles per warp per stage
+  static constexpr int R = 16 * MB;       // rows of the A / C tile
+  static constexpr int W = 64 * NS;       // columns of the block tile
+  static constexpr int A_CHUNKS = 2 * KT;  // 16-byte chunks per A row per stage
+  static constexpr int A_STAGE = R * A_CHUNKS;   // int4 per stage
+  static constexpr int B_STAGE = KT * NS * 32;   // int4 per stage (one per lane per k16 tile per strip)
+  static constexpr int S_ROWS = KT / 2;          // most scale rows one stage can span (group size 32)
+  static constexpr int S_STAGE = S_ROWS * NS * 8;  // int4 per stage
+  static constexpr int STAGE = A_STAGE + B_STAGE + S_STAGE;
+  static constexpr int RED_STRIDE = W + 8;  // floats; + 8 makes a row start 8 banks later: float2 stores conflict-free
+  static constexpr int RED = R * RED_STRIDE;  // floats
+  static constexpr int SMEM = STAGES * STAGE * 16 + RED * 4;
+  static_assert(NK * NS == kWarps, "warps must tile the block");
+  static_assert(KQ * NK == KT, "k warps must split a stage evenly");
+  static_assert(A_CHUNKS >= 8, "the A swizzle XORs three bits of the chunk index");
+  static_assert(B_STAGE % kThreads == 0, "every thread copies the same number of B chunks");
+  static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
+};
+
+struct Params {
+  const int4* a;    // first row of this launch's chunks
+  const int4* b;
+  const int4* s;
+  int4* c;          // first row of this launch's chunks
+  int* counters;
+  float* partials;
+  int m;            // rows left from this launch's first row
+  int n, k;
+  int lg_group;     // log2(group size / 16); unused for one group
+  int blocks_per_chunk;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------------------------------
+
+template <class C, bool GROUPED>
+__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Params p) {
+  extern __shared__ int4 smem[];
+  __shared__ int s_last;
+  float* red = reinterpret_cast<float*>(smem + C::STAGES * C::STAGE);
+
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int n_warp = warp % C::NS;  // which 64-column strip
+  const int k_warp = warp / C::NS;  // which slice of each stage's k16 tiles
+
+  const int chunk = blockIdx.x / p.blocks_per_chunk;
+  const int bid = blockIdx.x % p.blocks_per_chunk;
+  const int m_rows = min(C::R, p.m - chunk * C::R);
+  if (m_rows <= 0) return;
+
+  const int n_cols = p.n / C::W;
+  const int k_tiles = p.k / (16 * C::KT);
+  const int total = n_cols * k_tiles;
+  const int iters = (total + p.blocks_per_chunk - 1) / p.blocks_per_chunk;
+  const int t_begin = bid * iters;
+  const int t_end = min(total, t_begin + iters);
+  if (t_begin >= t_end) return;
+  const int n_iter = t_end - t_begin;
+
+  const int4* a_g = p.a + static_cast<int64_t>(chunk) * C::R * (p.k / 8);
+  int4* c_g = p.c + static_cast<int64_t>(chunk) * C::R * (p.n / 8);
+  const int b_row = p.n / 2;  // int4 per packed row (2n int32)
+  const int s_row = p.n / 8;  // int4 per scale row
+  const int a_row = p.k / 8;  // int4 per A row
+
+  // --- loads of one stage ---------------------------------------------------------------------------------------
+  auto load_stage = [&](int4* st, int tile) {
+    const int col = tile / k_tiles;
+    const int kt = tile - col * k_tiles;
+    int4* sa = st;
+    int4* sb = st + C::A_STAGE;
+    int4* ss = sb + C::B_STAGE;
+    // B: KT packed rows x NS strips x 32 lanes, copied in order, so a lane later reads its own 16 bytes.
+    const int4* gb = p.b + static_cast<int64_t>(kt) * C::KT * b_row + col * C::NS * 32;
+#pragma unroll
+    for (int i = 0; i < C::B_STAGE / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      const int r = idx / (C::NS * 32);
+      const int c = idx % (C::NS * 32);
+      cp_async16(sb + idx, gb + static_cast<int64_t>(r) * b_row + c);
+    }
+    // A: R rows x A_CHUNKS chunks; chunk j of row r lands at r * A_CHUNKS + (j ^ (r % 8)), so the 8 rows one
+    // ldmatrix phase reads fall in 8 different 16-byte bank groups.
+    const int4* ga = a_g + kt * C::A_CHUNKS;
+#pragma unroll
+    for (int i = 0; i < (C::A_STAGE + kThreads - 1) / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      if (C::A_STAGE % kThreads == 0 || idx < C::A_STAGE) {
+        const int r = idx / C::A_CHUNKS;
+        const int j = idx % C::A_CHUNKS;
+        const bool ok = r < m_rows;
+        cp_async16_zfill(sa + r * C::A_CHUNKS + (j ^ (r % 8)), ga + static_cast<int64_t>(ok ? r : 0) * a_row + j,
+                         ok ? 16 : 0);
+      }
+    }
+    // Scales: the group rows this stage spans (one row when a group spans several stages).
+    if (GROUPED) {
+      const int rows = max(1, C::KT >> p.lg_group);
+      if (tid < rows * C::NS * 8) {
+        const int r = tid / (C::NS * 8);
+        const int c = tid % (C::NS * 8);
+        const int g = ((kt * C::KT) >> p.lg_group) + r;
+        cp_async16(ss + tid, p.s + static_cast<int64_t>(g) * s_row + col * C::NS * 8 + c);
+      }
+    }
+  };
+
+  // --- per-thread shared-memory offsets (int4 units), fixed for the whole kernel --------------------------------
+  // ldmatrix.x4 for an m16k16 A fragment: lanes 0-15 give rows 0-15 at k 0-7, lanes 16-31 rows 0-15 at k 8-15.
+  int a_off[C::KQ], s_off[C::KQ];
+#pragma unroll
+  for (int q = 0; q < C::KQ; ++q) {
+    const int jl = k_warp * C::KQ + q;  // k16 tile within the stage
+    const int r = lane % 16;
+    const int j = 2 * jl + lane / 16;
+    a_off[q] = r * C::A_CHUNKS + (j ^ (r % 8));
+    // grouped scales: 8 fp16 per lane = the scales of its column in the strip's eight n8 sub-tiles (3.1 step 4)
+    s_off[q] = C::A_STAGE + C::B_STAGE + (jl >> p.lg_group) * C::NS * 8 + n_warp * 8 + lane / 4;
+  }
+  const int b_off = C::A_STAGE + (k_warp * C::KQ * C::NS + n_warp) * 32 + lane;
+
+  // MB x 8 n8 sub-tiles x 4: independent accumulator chains, one per mma.
+  float acc[C::MB][8][4];
+#pragma unroll
+  for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  auto compute_stage = [&](const int4* st) {
+#pragma unroll
+    for (int q = 0; q < C::KQ; ++q) {
+      uint32_t a[C::MB][4];
+#pragma unroll
+      for (int i = 0; i < C::MB; ++i) ldmatrix_x4(a[i], st + a_off[q] + i * 16 * C::A_CHUNKS);
+      const int4 bq = st[b_off + q * C::NS * 32];
+      int4 sc = make_int4(0, 0, 0, 0);
+      if (GROUPED) sc = st[s_off[q]];
+      const uint32_t bw[4] = {static_cast<uint32_t>(bq.x), static_cast<uint32_t>(bq.y),
+                              static_cast<uint32_t>(bq.z), static_cast<uint32_t>(bq.w)};
+      const uint32_t sw[4] = {static_cast<uint32_t>(sc.x), static_cast<uint32_t>(sc.y),
+                              static_cast<uint32_t>(sc.z), static_cast<uint32_t>(sc.w)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // the four 16x16 tiles of the strip: n8 sub-tiles 2j and 2j + 1
+        uint32_t f0[2], f1[2];
+        dequant(bw[j], f0, f1);
+        if (GROUPED) {
+          const uint32_t s0 = bcast_lo(sw[j]), s1 = bcast_hi(sw[j]);
+          f0[0] = hmul2(f0[0], s0);
+          f0[1] = hmul2(f0[1], s0);
+          f1[0] = hmul2(f1[0], s1);
+          f1[1] = hmul2(f1[1], s1);
+        }
+#pragma unroll
+        for (int i = 0; i < C::MB; ++i) {
+          mma_16816(a[i], f0, acc[i][2 * j]);
+          mma_16816(a[i], f1, acc[i][2 * j + 1]);
+        }
+      }
+    }
+  };
+
+  // --- end of a run inside one column strip: add the k warps, then write C or a partial ------------------------
+  const int groups8 = C::R * (C::W / 8);  // 8-column groups of the tile
+  auto finish = [&](int col, int seg_begin, int seg_end) {
+    // 1. k warps add into `red` one after another (fixed order, so results are reproducible).
+    const int g = lane / 4, c2 = 2 * (lane % 4);
+#pragma unroll 1
+    for (int kw = 0; kw < C::NK; ++kw) {
+      if (k_warp == kw) {
+#pragma unroll
+        for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+          for (int t = 0; t < 8; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float2* dst =
+                  reinterpret_cast<float2*>(red + (i * 16 + g + 8 * h) * C::RED_STRIDE + n_warp * 64 + 8 * t + c2);
+              float2 v = make_float2(acc[i][t][2 * h], acc[i][t][2 * h + 1]);
+              if (kw > 0) {
+                const float2 o = *dst;
+                v.x += o.x;
+                v.y += o.y;
+              }
+              *dst = v;
+            }
+      }
+      __syncthreads();
+    }
+    // 2. 8 consecutive columns per thread: 16-byte stores of C.
+    const bool whole = seg_begin == col * k_tiles && seg_end == (col + 1) * k_tiles;
+    auto store = [&](int e, const float (&v)[8]) {
+      const int r = e / (C::W / 8), c8 = e % (C::W / 8);
+      const int n0 = col * C::W + c8 * 8;
+      float f[8];
+#pragma unroll
+      for (int x = 0; x < 8; ++x) f[x] = v[x];
+      if (!GROUPED) {
+        // per-channel scales, permuted within 32 columns (3.1 step 4): column 2i + {0,1} + 8q sits at 8i + 2q + {0,1}
+        const __half2* s2 = reinterpret_cast<const __half2*>(p.s);
+        const int base = (n0 & ~31) + 2 * ((n0 & 31) / 8);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 sv = __half22float2(s2[(base + 8 * i) / 2]);
+          f[2 * i] *= sv.x;
+          f[2 * i + 1] *= sv.y;
+        }
+      }
+      __half2 h[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+      c_g[static_cast<int64_t>(r) * (p.n / 8) + n0 / 8] = *reinterpret_cast<int4*>(h);
+    };
+    if (whole) {
+      for (int e = tid; e < groups8; e += kThreads) {
+        if (e / (C::W / 8) >= m_rows) continue;
+        const float* src = red + (e / (C::W / 8)) * C::RED_STRIDE + (e % (C::W / 8)) * 8;
+        float v[8];
+#pragma unroll
+        for (int x = 0; x < 8; ++x) v[x] = src[x];
+        store(e, v);
+      }
+    } else {
+      // Blocks bid_lo..bid_hi share this column strip; slot 0 holds a block's first run, slot 1 its last.
+      const int bid_lo = (col * k_tiles) / iters;
+      const int bid_hi = ((col + 1) * k_tiles - 1) / iters;
+      auto slot = [&](int b) {
+        const int s = b * iters >= col * k_tiles ? 0 : 1;
+        return p.partials + (static_cast<int64_t>(chunk * p.blocks_per_chunk + b) * 2 + s) * kMaxTileElems;
+      };
+      float* mine = slot(bid);
+      for (int e = tid; e < groups8; e += kThreads) {
+        if (e / (C::W / 8) >= m_rows) continue;
+        const float* src = red + (e / (C::W / 8)) * C::RED_STRIDE + (e % (C::W / 8)) * 8;
+        float4* dst = reinterpret_cast<float4*>(mine + e * 8);
+        dst[0] = make_float4(src[0], src[1], src[2], src[3]);
+        dst[1] = make_float4(src[4], src[5], src[6], src[7]);
+      }
+      __threadfence();  // release: the partial is visible device-wide before the counter moves
+      __syncthreads();
+      if (tid == 0) {
+        int* ctr = p.counters + chunk * n_cols + col;
+        const int done = atomicAdd(ctr, 1);
+        const int last = done == bid_hi - bid_lo;
+        if (last) atomicExch(ctr, 0);  // every participant has counted: leave the workspace zeroed
+        __threadfence();               // acquire: the partials read below are not older than the count
+        s_last = last;
+      }
+      __syncthreads();
+      if (s_last) {
+        for (int e = tid; e < groups8; e += kThreads) {
+          if (e / (C::W / 8) >= m_rows) continue;
+          float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+          for (int b = bid_lo; b <= bid_hi; ++b) {
+            const float4* src = reinterpret_cast<const float4*>(slot(b) + e * 8);
+            const float4 x = __ldcg(src), y = __ldcg(src + 1);
+            v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w;
+            v[4] += y.x, v[5] += y.y, v[6] += y.z, v[7] += y.w;
+          }
+          store(e, v);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  };
+
+  // --- main loop ---------------------------------------------------------------------------------------------
+#pragma unroll
+  for (int s = 0; s < C::STAGES - 1; ++s) {
+    if (s < n_iter) load_stage(smem + s * C::STAGE, t_begin + s);
+    cp_async_commit();
+  }
+  int seg_begin = t_begin;
+#pragma unroll 1
+  for (int base = 0; base < n_iter; base += C::STAGES) {
+#pragma unroll
+    for (int s = 0; s < C::STAGES; ++s) {
+      const int it = base + s;
+      if (it >= n_iter) break;
+      cp_async_wait<C::STAGES - 2>();  // stage `it` has landed (one commit per iteration, empty ones included)
+      __syncthreads();                 // ... for every thread, and every thread is done with stage it - 1
+      const int next = it + C::STAGES - 1;
+      if (next < n_iter) load_stage(smem + ((s + C::STAGES - 1) % C::STAGES) * C::STAGE, t_begin + next);
+      cp_async_commit();
+      compute_stage(smem + s * C::STAGE);
+      const int tile = t_begin + it;
+      if ((tile + 1) % k_tiles == 0 || it + 1 == n_iter) {
+        finish(tile / k_tiles, seg_begin, tile + 1);
+        seg_begin = tile + 1;
+      }
+    }
+  }
+  cp_async_wait<0>();
+}
+
+constexpr int kMaxDevices = 64;
+
+template <class C, bool GROUPED>
+cudaError_t launch(const Params& p, int grid, int device, cudaStream_t stream) {
+  static bool ready[kMaxDevices] = {};  // the opt-in shared-memory size is set once per device
+  auto kernel = gemm_kernel<C, GROUPED>;
+  if (!ready[device]) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (err != cudaSuccess) return err;
+    ready[device] = true;
+  }
+  kernel<<<grid, kThreads, C::SMEM, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Tile shapes: small m streams 128 x 128 tiles (two strips, 4 k warps each: the deep k split keeps 8 warps busy on
+// few rows); m > 32 takes 256-wide strips with 64-deep stages so each A fragment feeds 32 mma. N not a multiple of
+// the strip width falls back to narrower strips. Only the combinations below are compiled (compile time).
+struct Choice {
+  int mb, ns, stages;
+};
+
+template <int MB, int NS, int STAGES>
+using CfgFor = Cfg<MB, NS, NS == 4 ? 4 : 8, STAGES>;
+
+template <int MB, int NS, int STAGES>
+inline cudaError_t launch_cfg(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+  return grouped ? launch<CfgFor<MB, NS, STAGES>, true>(p, grid, device, stream)
+                 : launch<CfgFor<MB, NS, STAGES>, false>(p, grid, device, stream);
+}
+
+// Every compiled combination, in the order the host prefers them for a given chunk height.
+#define MARLIN_CONFIGS(X) \
+  X(4, 4, 8) X(4, 2, 8) X(4, 1, 8) \
+  X(3, 4, 8) X(3, 2, 8) X(3, 1, 8) \
+  X(2, 2, 8) X(2, 1, 8) X(2, 2, 4) X(2, 1, 4) \
+  X(1, 2, 8) X(1, 1, 8) X(1, 2, 4) X(1, 1, 4)
+
+// One launcher per chunk height, each compiled in its own file (marlin_mb<MB>.cu) so the builds run in parallel.
+#define MARLIN_DECLARE_LAUNCHER(MB) \
+  cudaError_t launch_mb##MB(const Choice& c, bool grouped, const Params& p, int grid, int device, cudaStream_t stream);
+MARLIN_DECLARE_LAUNCHER(1)
+MARLIN_DECLARE_LAUNCHER(2)
+MARLIN_DECLARE_LAUNCHER(3)
+MARLIN_DECLARE_LAUNCHER(4)
+
+// Only the configurations of one chunk height are instantiated per file (if constexpr inside a template).
+template <int MB>
+cudaError_t launch_mb(const Choice& c, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+#define MARLIN_LAUNCH_IF(MB_, NS, ST)                                          \
+  if constexpr (MB_ == MB) {                                                  \
+    if (c.ns == NS && c.stages == ST) {                                       \
+      return launch_cfg<MB_, NS, ST>(grouped, p, grid, device, stream);       \
+    }                                                                         \
+  }
+  MARLIN_CONFIGS(MARLIN_LAUNCH_IF)
+#undef MARLIN_LAUNCH_IF
+  return cudaErrorInvalidConfiguration;
+}
+
+#define MARLIN_DEFINE_LAUNCHER(MB)                                                                                \
+  cudaError_t launch_mb##MB(const Choice& c, bool grouped, const Params& p, int grid, int device,                 \
+                            cudaStream_t stream) {                                                                \
+    return launch_mb<MB>(c, grouped, p, grid, device, stream);                                                    \
+  }
+
+}  // namespace detail
+}  // namespace marlin_cli

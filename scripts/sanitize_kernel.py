@@ -1,0 +1,49 @@
+"""A few small kernel launches for compute-sanitizer (memcheck, racecheck, synccheck) on the H200.
+
+compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_kernel.py
+compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_kernel.py
+
+Build the kernel first (any call of marlin_cli.kernel.ops.gemm on a GPU), so the sanitizer only sees launches.
+The shapes cover every chunk height, strip width, group kind, act-order, ragged m and the split-k fixup.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+
+from gpu_helpers import dequantize_gpu, random_operands, rel_error  # noqa: E402
+
+from marlin_cli.kernel import ops  # noqa: E402
+
+CASES = [  # m, k, n, group, act_order
+    (1, 1024, 256, 128, False),
+    (17, 512, 192, -1, True),
+    (33, 1024, 512, 32, False),
+    (64, 256, 1024, 64, False),
+    (100, 384, 384, 128, True),
+]
+
+
+def main() -> int:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    worst = 0.0
+    for m, k, n, group, act_order in CASES:
+        a, b, s = random_operands(m, k, n, group, seed=m)
+        perm = torch.randperm(k, device="cuda").int() if act_order else None
+        c = ops.gemm(a, b, s, perm)
+        ref = (a if perm is None else a[:, perm.long()]).float() @ dequantize_gpu(b, s)
+        err = rel_error(c, ref)
+        worst = max(worst, err)
+        print(f"m={m} k={k} n={n} g={group} act_order={act_order}: relative error {err:.2e}")
+    torch.cuda.synchronize()
+    return 0 if worst <= 2e-3 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

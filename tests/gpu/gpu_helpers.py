@@ -1,0 +1,56 @@
+"""Random Marlin operands and a GPU-side unpack for the GPU tests (the CPU unpack is slow for 70B shapes)."""
+
+from __future__ import annotations
+
+import torch
+
+from marlin_cli import grid
+from marlin_cli.formats import marlin
+
+
+def random_operands(
+    m: int, k: int, n: int, group: int, device: str = "cuda", seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fp16 (m, k) ~ N(0, 1), B random packed int32 (k/16, 2n) (every bit pattern is a valid code set),
+    packed fp16 scales (k/g, n) in [0.5, 1.5) / 64. Nothing is zero, so unwritten or mis-indexed outputs show."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    a = torch.randn(m, k, generator=gen, device=device).half()
+    b = torch.randint(-(2**31), 2**31 - 1, (k // 16, 2 * n), generator=gen, device=device, dtype=torch.int64)
+    b = b.to(torch.int32)
+    groups = 1 if group == -1 else k // group
+    s = ((torch.rand(groups, n, generator=gen, device=device) + 0.5) / 64).half()
+    return a, b, pack_scales_gpu(s)
+
+
+def pack_scales_gpu(s: torch.Tensor) -> torch.Tensor:
+    groups, n = s.shape
+    perm = marlin.scale_perm(groups > 1).to(s.device)
+    return s.reshape(-1, perm.numel())[:, perm].reshape(groups, n).contiguous()
+
+
+def unpack_weight_gpu(packed: torch.Tensor) -> torch.Tensor:
+    """Same result as marlin.unpack_weight (tested against it), computed on packed's device."""
+    k, n = packed.shape[0] * 16, packed.shape[1] // 2
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    t = ((packed.unsqueeze(-1) >> shifts) & 0xF).to(torch.uint8).reshape(-1, 1024)  # one row per 16x64 strip
+    out = torch.empty_like(t)
+    out[:, marlin.weight_perm().to(packed.device)] = t
+    out = out.reshape(k // 16, n // 16, 16, 16).permute(0, 2, 1, 3)  # (K/16, 16, N/16, 16)
+    return out.reshape(k, n)
+
+
+def dequantize_gpu(b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """float32 W (k, n), the same values as reference.dequantize."""
+    codes = unpack_weight_gpu(b)
+    groups, n = s.shape
+    perm = marlin.scale_perm(groups > 1).to(s.device)
+    scales = torch.empty_like(s).reshape(-1, perm.numel())
+    scales[:, perm] = s.reshape(-1, perm.numel())
+    return grid.decode(codes, grid.expand_groups(scales.reshape(groups, n).float(), codes.shape[0]))
+
+
+def rel_error(c: torch.Tensor, ref: torch.Tensor) -> float:
+    """mean |c - ref| / mean |ref| in float32; NaN anywhere in c gives inf."""
+    if not torch.isfinite(c).all():
+        return float("inf")
+    return ((c.float() - ref).abs().mean() / ref.abs().mean()).item()

@@ -1,0 +1,153 @@
+"""The CUDA kernel against the float32 reference on the H200.
+
+Tolerance: mean|C - C_ref| / mean|C_ref| <= 2e-3. The kernel rounds each dequantized, scaled weight to fp16
+(relative error <= 2^-11), accumulates fp16 products in fp32 in its own order, and rounds C to fp16 (<= 2^-11);
+independent rounding errors average to a few 1e-4 of the output's magnitude, so 2e-3 leaves room while a wrong
+tile, scale or row shows up as an error of order 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gpu_helpers import dequantize_gpu, random_operands, rel_error, unpack_weight_gpu
+
+from marlin_cli.errors import ShapeError
+from marlin_cli.formats import marlin
+from marlin_cli.kernel import ops, reference
+
+pytestmark = pytest.mark.gpu
+
+TOL = 2e-3  # see the module docstring
+M_ALL = (1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100, 128, 255, 256, 1024, 4096)
+LLAMA2_7B = ((4096, 12288), (4096, 4096), (4096, 22016), (11008, 4096))
+LLAMA3_70B = ((8192, 10240), (8192, 8192), (8192, 57344), (28672, 8192))
+MINILM = ((384, 384), (384, 1536), (1536, 384))
+ALL_SHAPES = ((128, 64), *MINILM, *LLAMA2_7B, *LLAMA3_70B)
+
+
+def _poison(m: int, n: int) -> None:
+    """Leave a NaN-filled block of C's size in the caching allocator, so the op's fresh output starts as NaN."""
+    t = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+    del t
+
+
+def _check(m: int, k: int, n: int, group: int, act_order: bool = False, seed: int = 0) -> float:
+    a, b, s = random_operands(m, k, n, group, seed=seed)
+    perm = None
+    if act_order:
+        gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+        perm = torch.randperm(k, generator=gen, device="cuda").int()
+    w = dequantize_gpu(b, s)
+    a_ref = a if perm is None else a[:, perm.long()]
+    ref = a_ref.float() @ w
+    _poison(m, n)
+    c = ops.gemm(a, b, s, perm)
+    torch.cuda.synchronize()
+    assert c.shape == (m, n) and c.dtype == torch.float16
+    err = rel_error(c, ref)
+    assert err <= TOL, f"m={m} k={k} n={n} g={group} act_order={act_order}: relative error {err:.2e} > {TOL}"
+    return err
+
+
+def test_gpu_unpack_matches_format() -> None:
+    _, b, _ = random_operands(1, 256, 192, 128)
+    assert torch.equal(unpack_weight_gpu(b).cpu(), marlin.unpack_weight(b.cpu()))
+
+
+@pytest.mark.parametrize("group", [-1, 32, 128])
+def test_against_reference_module(group: int) -> None:
+    """The kernel against marlin_cli.kernel.reference itself (CPU unpack), on a shape small enough for it."""
+    a, b, s = random_operands(33, 512, 320, group, seed=3)
+    perm = torch.randperm(512, device="cuda").int()
+    for p in (None, perm):
+        _poison(33, 320)
+        c = ops.gemm(a, b, s, p)
+        ref = reference.gemm(a.float(), b, s, p).float()
+        assert rel_error(c, ref) <= TOL
+
+
+@pytest.mark.parametrize("k,n", [(128, 64), (384, 1536), (4096, 4096), (11008, 4096)], ids=str)
+@pytest.mark.parametrize("m", M_ALL)
+def test_m_sweep(m: int, k: int, n: int) -> None:
+    _check(m, k, n, 128 if k % 128 == 0 else -1, seed=m)
+
+
+@pytest.mark.parametrize("k,n", ALL_SHAPES, ids=str)
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+def test_all_shapes(m: int, k: int, n: int) -> None:
+    _check(m, k, n, 128, seed=k + n + m)
+
+
+@pytest.mark.parametrize("k,n", [(1024, 768), (1536, 192), (8192, 1024)], ids=str)
+@pytest.mark.parametrize("group", [-1, 32, 64, 128])
+@pytest.mark.parametrize("m", [1, 17, 48, 100])
+def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
+    _check(m, k, n, group, seed=m * 7 + group)
+
+
+@pytest.mark.parametrize("group", [-1, 32, 128])
+@pytest.mark.parametrize("m", [1, 33, 256])
+def test_act_order(m: int, group: int) -> None:
+    _check(m, 4096, 1536, group, act_order=True, seed=m + group)
+
+
+def test_large_m() -> None:
+    """m past one launch's 16 chunks of 64 rows, with a ragged last chunk."""
+    _check(16384 + 13, 1024, 512, 128, seed=11)
+
+
+@pytest.mark.parametrize("m,k,n", [(16, 4096, 4096), (1, 11008, 4096), (100, 8192, 1024), (256, 28672, 8192)])
+def test_repeatable(m: int, k: int, n: int) -> None:
+    """Partial sums are added in a fixed order, so repeated launches give bit-identical outputs."""
+    a, b, s = random_operands(m, k, n, 128, seed=5)
+    first = ops.gemm(a, b, s)
+    for _ in range(3):
+        _poison(m, n)
+        assert torch.equal(ops.gemm(a, b, s), first)
+
+
+@pytest.mark.parametrize(
+    "m,k,n,group,match",
+    [
+        (1, 100, 64, -1, "multiple of 128"),
+        (1, 256, 96, -1, "multiple of 64"),
+        (0, 256, 64, -1, "at least 1"),
+    ],
+)
+def test_bad_shapes(m: int, k: int, n: int, group: int, match: str) -> None:
+    a = torch.randn(m, k, device="cuda").half()
+    b = torch.zeros(max(k // 16, 1), 2 * n, dtype=torch.int32, device="cuda")
+    s = torch.ones(1, n, dtype=torch.float16, device="cuda")
+    with pytest.raises(ShapeError, match=match):
+        ops.gemm(a, b, s)
+
+
+def test_bad_operands() -> None:
+    a, b, s = random_operands(4, 256, 128, 128)
+    with pytest.raises(ShapeError, match="do not fit"):
+        ops.gemm(a, b, s[:, :64].contiguous())
+    with pytest.raises(ShapeError, match="do not fit"):
+        ops.gemm(a, b, torch.ones(3, 128, dtype=torch.float16, device="cuda"))
+    with pytest.raises(ShapeError, match="float16"):
+        ops.gemm(a.float(), b, s)
+    with pytest.raises(ShapeError, match="contiguous"):
+        ops.gemm(torch.randn(256, 4, device="cuda").half().t(), b, s)
+    with pytest.raises(ShapeError, match="does not match"):
+        ops.gemm(a, b[:8], s)
+    with pytest.raises(ShapeError, match=r"\(256,\)"):
+        ops.gemm(a, b, s, torch.arange(128, device="cuda", dtype=torch.int32))
+
+
+def test_kernel_name() -> None:
+    assert ops.kernel_name(torch.device("cuda")) == "cuda"
+    assert ops.kernel_name(torch.device("cpu")) == "reference"
+
+
+def test_opcheck() -> None:
+    a, b, s = random_operands(17, 512, 256, 128)
+    ops.gemm(a, b, s)  # builds, loads and registers the fake
+    perm = torch.randperm(512, device="cuda").int()
+    ws = ops.workspace(a.device)
+    torch.library.opcheck(torch.ops.marlin_cli.gemm.default, (a, b, s, None, ws))
+    torch.library.opcheck(torch.ops.marlin_cli.gemm.default, (a, b, s, perm, ws))
