@@ -41,3 +41,7 @@ class VerificationFailed(MarlinError):
     """At least one layer failed verification."""
 
     exit_code = 1
+
+
+class NumericalError(MarlinError):
+    """A solve that failed numerically even after the automatic retries."""

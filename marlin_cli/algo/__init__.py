@@ -1,0 +1,1 @@
+"""Quantization algorithms: tensors in, tensors out."""

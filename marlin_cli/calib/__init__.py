@@ -1,0 +1,1 @@
+"""Calibration: text sources -> token samples, and the capture of layer inputs."""

@@ -1,0 +1,1 @@
+"""Checkpoint I/O at the edges: validated reading, atomic writing."""

@@ -1,0 +1,1 @@
+"""Open a model; find its repeated blocks and the linear layers inside them."""

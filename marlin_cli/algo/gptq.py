@@ -1,0 +1,88 @@
+"""GPTQ (Frantar et al. 2022, Algorithm 1) on the symmetric 4-bit grid, with act-order, groups and clipping.
+
+Columns are quantized one at a time in the order chosen by act-order; each column's rounding error, divided by the
+diagonal of the upper Cholesky factor U of H^-1, is propagated to the remaining columns of its block at once and to
+the rest of the matrix lazily at block end (the paper's section 3, "lazy batch updates").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from marlin_cli import grid
+from marlin_cli.algo.result import QuantResult
+from marlin_cli.algo.scales import group_scales
+from marlin_cli.config import ActOrder, QuantConfig
+from marlin_cli.errors import NumericalError
+
+DAMP_RETRIES = 3  # each retry multiplies the damping by 10
+
+
+def inverse_cholesky(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
+    """Upper Cholesky factor of (H + d * mean(diag H) * I)^-1, raising d tenfold on failure; returns (U, d)."""
+    mean_diag = torch.diag(hessian).mean()
+    eye = torch.eye(hessian.shape[0], dtype=hessian.dtype, device=hessian.device)
+    for attempt in range(DAMP_RETRIES):
+        d = damp * 10**attempt
+        lower, info = torch.linalg.cholesky_ex(hessian + d * mean_diag * eye)
+        if info == 0:
+            upper, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(lower), upper=True)
+            if info == 0 and bool(torch.isfinite(upper).all()):
+                return upper, d
+    raise NumericalError(
+        f"the Hessian is not positive definite even with damping {d:g}; "
+        "more or longer calibration samples (--nsamples, --seqlen) usually fix this"
+    )
+
+
+def gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> QuantResult:
+    """Quantize (N, K) weights against the (K, K) Hessian of their inputs.
+
+    Computes in float64 when `weight` is float64 (for exact comparisons), else in float32.
+    """
+    dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    w = weight.to(dtype).clone()
+    h = hessian.to(dtype).clone()
+    n, k = w.shape
+    g = k if cfg.group_size == -1 else cfg.group_size
+    if cfg.block_size % g and g != k:
+        raise ValueError(f"block size {cfg.block_size} must be a multiple of the group size {g}")
+
+    dead = torch.diag(h) == 0  # inputs that were always zero: their weights never matter
+    h[dead, dead] = 1
+    w[:, dead] = 0
+
+    # Static act-order and per-channel scales are fixed up front, on the original contiguous groups.
+    fixed = group_scales(w, cfg.group_size, h, cfg.clip) if cfg.act_order is ActOrder.STATIC or g == k else None
+    perm = None if cfg.act_order is ActOrder.NONE else torch.argsort(torch.diag(h), descending=True)
+    col_scale = None if fixed is None else fixed.repeat_interleave(g, dim=1)  # (N, K): each column's scale
+    if perm is not None:
+        w, h = w[:, perm], h[perm][:, perm]
+        col_scale = None if col_scale is None else col_scale[:, perm]
+    upper, damp = inverse_cholesky(h, cfg.damp)
+
+    codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
+    found: list[torch.Tensor] = []  # group scales fixed as each group starts (dynamic groups)
+    for i1 in range(0, k, cfg.block_size):
+        i2 = min(i1 + cfg.block_size, k)
+        block, u = w[:, i1:i2], upper[i1:i2, i1:i2]  # block is a view: updates land in w
+        errors = torch.empty_like(block)
+        for i in range(i2 - i1):
+            j = i1 + i
+            if col_scale is not None:
+                s = col_scale[:, j]
+            elif j % g == 0:  # the group starts: its scale comes from the already-updated weights
+                s = group_scales(w[:, j : j + g], -1, h[j : j + g, j : j + g], cfg.clip)[:, 0]
+                found.append(s)
+            q = grid.encode(block[:, i], s)
+            codes[:, j] = q
+            err = (block[:, i] - grid.decode(q, s)) / u[i, i]
+            block[:, i:].sub_(err.unsqueeze(1) * u[i, i:].unsqueeze(0))
+            errors[:, i] = err
+        w[:, i2:].sub_(errors @ upper[i1:i2, i2:])
+
+    if cfg.act_order is ActOrder.STATIC:
+        codes = torch.empty_like(codes).index_copy_(1, perm, codes)  # back to the natural order
+        perm = None
+    scales = fixed if fixed is not None else torch.stack(found, dim=1)  # (N, G)
+    return QuantResult(codes=codes.T.contiguous(), scales=scales.T.float().contiguous(), perm=perm, damp=damp)

@@ -1,0 +1,117 @@
+"""Run a model block by block: capture the first block's inputs, then each block's layer inputs through hooks."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from marlin_cli.algo.hessian import Hessian
+
+
+class _Stop(Exception):
+    """Raised inside a hook once it has what it needs, so the rest of the forward pass is skipped."""
+
+
+@dataclass
+class BlockInputs:
+    """What the first block receives for each calibration sample: hidden states and the other arguments."""
+
+    hidden: list[torch.Tensor] = field(default_factory=list)
+    args: list[tuple[Any, ...]] = field(default_factory=list)
+    kwargs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _move_outside(model: nn.Module, blocks_name: str, device: torch.device) -> None:
+    """Move every parameter and buffer that is not inside the blocks (embeddings, norms, rotary tables)."""
+    prefix = blocks_name + "."
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if not name.startswith(prefix):
+            t.data = t.data.to(device)
+
+
+def capture_inputs(
+    model: nn.Module, blocks_name: str, blocks: nn.ModuleList, samples: list[torch.Tensor], device: torch.device
+) -> BlockInputs:
+    """Run the model up to its first block for every (1, T) token sample; only non-block weights visit `device`."""
+    captured = BlockInputs()
+
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs.pop("hidden_states")
+        captured.hidden.append(hidden)
+        captured.args.append(args[1:])
+        captured.kwargs.append(kwargs)
+        raise _Stop
+
+    extra = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
+    _move_outside(model, blocks_name, device)
+    handle = blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for ids in samples:
+            try:
+                model(input_ids=ids.to(device), **extra)
+            except _Stop:
+                pass
+    finally:
+        handle.remove()
+        _move_outside(model, blocks_name, torch.device("cpu"))
+    return captured
+
+
+def run_block(block: nn.Module, inputs: BlockInputs, i: int) -> torch.Tensor:
+    """The block's output hidden states for sample i."""
+    out = block(inputs.hidden[i], *inputs.args[i], **inputs.kwargs[i])
+    return out[0] if isinstance(out, tuple) else out
+
+
+@contextmanager
+def _pre_hooks(modules: dict[str, nn.Module], fn: Any) -> Iterator[None]:
+    handles = [
+        m.register_forward_pre_hook(lambda mod, args, name=name: fn(name, args[0])) for name, m in modules.items()
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def input_groups(block: nn.Module, linears: dict[str, nn.Module], inputs: BlockInputs) -> list[list[str]]:
+    """Layers grouped by the input tensor they read (e.g. q/k/v; gate/up), groups in execution order.
+
+    Layers the forward pass never reaches (unused experts, say) are left out.
+    """
+    seen: list[tuple[torch.Tensor, list[str]]] = []  # holding the tensors keeps their identities unique
+
+    def record(name: str, x: torch.Tensor) -> None:
+        for tensor, names in seen:
+            if tensor is x:
+                names.append(name)
+                return
+        seen.append((x, [name]))
+
+    with _pre_hooks(linears, record):
+        run_block(block, inputs, 0)
+    return [names for _, names in seen]
+
+
+def group_hessian(block: nn.Module, layer: nn.Module, columns: int, inputs: BlockInputs) -> Hessian:
+    """Hessian of `layer`'s input over every sample; each forward pass stops once the layer's input is seen."""
+    hessian = Hessian(columns, device=inputs.hidden[0].device)
+
+    def add(name: str, x: torch.Tensor) -> None:
+        hessian.add(x)
+        raise _Stop
+
+    with _pre_hooks({"layer": layer}, add):
+        for i in range(len(inputs.hidden)):
+            try:
+                run_block(block, inputs, i)
+            except _Stop:
+                pass
+    return hessian

@@ -1,0 +1,49 @@
+"""The `marlin` command: wires the subcommands, maps errors to exit codes (0 ok, 1 failed, 2 bad input, 3 internal)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import transformers
+import typer
+
+from marlin_cli.cli.common import err_console
+from marlin_cli.cli.inspect import inspect_command
+from marlin_cli.cli.pack import pack_command
+from marlin_cli.cli.quantize import EXAMPLES, quantize_command
+from marlin_cli.cli.verify import verify_command
+from marlin_cli.errors import MarlinError
+
+app = typer.Typer(
+    name="marlin",
+    help="Quantize Hugging Face models to 4-bit Marlin-format safetensors, and verify them with the bundled kernel.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("quantize", epilog=EXAMPLES)(quantize_command)
+app.command("pack")(pack_command)
+app.command("verify")(verify_command)
+app.command("inspect")(inspect_command)
+
+INTERNAL_ERROR = 3
+
+
+def main() -> None:
+    """Entry point: a MarlinError is one line on stderr and its exit code; anything else is an internal error."""
+    transformers.utils.logging.set_verbosity_error()  # our progress bars and errors replace its logging
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        app(standalone_mode=True)
+    except MarlinError as e:
+        err_console.print(f"[red]error:[/] {e}", highlight=False)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted; no output was left behind")
+        sys.exit(130)
+    except Exception as e:  # a bug: say so, keep the traceback one variable away
+        if os.environ.get("MARLIN_DEBUG"):
+            raise
+        err_console.print(f"[red]internal error:[/] {type(e).__name__}: {e} (set MARLIN_DEBUG=1 for the traceback)")
+        sys.exit(INTERNAL_ERROR)

@@ -1,0 +1,83 @@
+"""What every command shares: option types, the progress display, and output (tables to stderr, JSON to stdout)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from marlin_cli.pipeline import Progress as Event
+
+err_console = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout (logs stay on stderr).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists (it is swapped in atomically).")]
+DeviceOpt = Annotated[
+    str | None, typer.Option("--device", help="Torch device to compute on. \\[default: cuda when present, else cpu]")
+]
+ShardOpt = Annotated[
+    str, typer.Option("--max-shard-size", help="Largest safetensors shard, e.g. 5GB, 500MB, or bytes.")
+]
+OutputArg = Annotated[
+    Path, typer.Argument(help="Directory to write; created atomically, never over an existing one without --force.")
+]
+
+
+def memory() -> str:
+    """Peak host memory and current GPU memory, for the progress line."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    text = f"host {peak:.1f} GiB"
+    if torch.cuda.is_available():
+        text += f", gpu {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+    return text
+
+
+class ProgressView:
+    """Rich progress bars on stderr, one per pipeline stage; usable as the pipeline's on_progress callback."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.progress = Progress(
+            TextColumn("{task.description:<10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[detail]}"),
+            console=err_console,
+            disable=not enabled,
+        )
+        self.tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> ProgressView:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.progress.stop()
+
+    def __call__(self, event: Event) -> None:
+        detail = f"{event.detail}  [{memory()}]"
+        if event.stage not in self.tasks:
+            self.tasks[event.stage] = self.progress.add_task(event.stage, total=event.total, detail=detail)
+        self.progress.update(self.tasks[event.stage], completed=event.done, total=event.total, detail=detail)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def seconds(self) -> float:
+        return round(time.perf_counter() - self.start, 2)

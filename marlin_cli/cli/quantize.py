@@ -1,0 +1,122 @@
+"""`marlin quantize`: GPTQ (or RTN) a Hugging Face model into a Marlin-format checkpoint."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from marlin_cli.cli.common import (
+    DeviceOpt,
+    ForceOpt,
+    JsonOpt,
+    OutputArg,
+    ProgressView,
+    ShardOpt,
+    err_console,
+    print_json,
+)
+from marlin_cli.config import CalibConfig, QuantConfig, read_preset
+from marlin_cli.io.checkpoint import parse_size
+from marlin_cli.pipeline import Job, quantize
+
+EXAMPLES = (
+    "Examples:  marlin quantize minilm out/minilm-w4  (bundled MiniLM, embedded calibration text)  |  "
+    "marlin quantize ./llama out/llama-w4 --clip --act-order group  |  "
+    "marlin quantize ./my-model out/w4 --calib data.jsonl --nsamples 256"
+)
+
+
+def quantize_command(
+    model: Annotated[str, typer.Argument(help="Local model directory, hub id, or 'minilm' (the bundled MiniLM).")],
+    output: OutputArg,
+    preset: Annotated[
+        str | None, typer.Option(help="Preset name (w4-g128, w4-g128-best, w4-channel) or YAML file; flags win.")
+    ] = None,
+    group_size: Annotated[
+        int | None,
+        typer.Option("--group-size", help="Input channels per scale: -1 (per channel), 32, 64, 128. \\[default: 128]"),
+    ] = None,
+    act_order: Annotated[
+        str | None,
+        typer.Option(
+            "--act-order",
+            help="static: solve in descending-Hessian order, scales on the original groups (no run-time cost); "
+            "group: groups follow that order and a K-permutation is stored; none: natural order. \\[default: static]",
+        ),
+    ] = None,
+    clip: Annotated[
+        bool | None,
+        typer.Option("--clip/--no-clip", help="Search shrunken scales by Hessian-weighted error. \\[default: off]"),
+    ] = None,
+    damp: Annotated[
+        float | None,
+        typer.Option(
+            help="Damping: fraction of the mean Hessian diagonal added to it, raised on failure. \\[default: 0.01]"
+        ),
+    ] = None,
+    method: Annotated[
+        str | None, typer.Option(help="gptq (calibrated) or rtn (round to nearest, no calibration). \\[default: gptq]")
+    ] = None,
+    calib: Annotated[
+        str,
+        typer.Option(
+            help="Calibration text: 'embedded' (ships with marlin, offline), a .txt/.jsonl/.parquet file, "
+            "or a datasets hub name 'name[:config]:split:field'."
+        ),
+    ] = "embedded",
+    nsamples: Annotated[int, typer.Option(help="Calibration samples (documents, each truncated to --seqlen).")] = 128,
+    seqlen: Annotated[int, typer.Option(help="Tokens per sample at most; capped by the model's maximum.")] = 2048,
+    seed: Annotated[int, typer.Option(help="Seed for choosing the calibration samples.")] = 0,
+    device: DeviceOpt = None,
+    max_shard_size: ShardOpt = "5GB",
+    trust_remote_code: Annotated[
+        bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code to run (off by default).")
+    ] = False,
+    revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) of MODEL.")] = None,
+    force: ForceOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Quantize MODEL to 4-bit Marlin-format safetensors in OUTPUT, with GPTQ calibrated block by block."""
+    given = {"group_size": group_size, "act_order": act_order, "clip": clip, "damp": damp, "method": method}
+    settings: dict[str, Any] = read_preset(preset) if preset else {}
+    settings.update({k: v for k, v in given.items() if v is not None})
+    job = Job(
+        model=model,
+        output=output,
+        quant=QuantConfig(**settings),
+        calib=CalibConfig(source=calib, nsamples=nsamples, seqlen=seqlen, seed=seed),
+        device=device,
+        max_shard_size=parse_size(max_shard_size),
+        force=force,
+        trust_remote_code=trust_remote_code,
+        revision=revision,
+    )
+    run_job(job, json_out)
+
+
+def run_job(job: Job, json_out: bool) -> None:
+    """Run a quantize or pack job with progress bars, then print the summary (table, or JSON on stdout)."""
+    with ProgressView(enabled=not json_out) as view:
+        report = quantize(job, view)
+    if json_out:
+        print_json(report)
+        return
+    table = Table(
+        title=f"{job.output}: {report['quantization']['method']} 4-bit, group {report['quantization']['group_size']}"
+    )
+    for col in ("layer", "shape (K x N)", "method", "error", "RTN error", "note"):
+        table.add_column(col, overflow="fold")
+    for layer in report["layers"]:
+        err = f"{layer['error']:.4g}" if layer["error"] is not None else "-"
+        rtn = f"{layer['rtn_error']:.4g}" if layer["rtn_error"] is not None else "-"
+        shape = f"{layer['in_features']} x {layer['out_features']}"
+        table.add_row(layer["name"], shape, layer["method"] or "kept", err, rtn, layer["reason"] or "")
+    err_console.print(table)
+    s = report["summary"]
+    ratio = f"{s['error_vs_rtn']:.3f}x RTN" if s["error_vs_rtn"] is not None else "n/a"
+    err_console.print(
+        f"{s['quantized']} layers quantized, {s['kept']} kept; summed error {ratio}; "
+        f"{s['bytes'] / 1e6:.1f} MB written to {job.output} in {s['seconds']:.1f} s"
+    )

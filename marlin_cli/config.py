@@ -1,0 +1,110 @@
+"""Quantization settings: frozen dataclasses, YAML presets, validation. Written into every checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from marlin_cli.errors import ConfigError
+
+GROUP_SIZES = (-1, 32, 64, 128)
+
+
+class ActOrder(str, Enum):
+    STATIC = "static"  # descending-Hessian column order, scales fixed on the original groups: no run-time permutation
+    GROUP = "group"  # groups follow the permuted order; the checkpoint stores the K-permutation
+    NONE = "none"  # natural column order
+
+
+class Method(str, Enum):
+    GPTQ = "gptq"
+    RTN = "rtn"
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How each layer is quantized."""
+
+    bits: int = 4
+    group_size: int = 128
+    act_order: ActOrder = ActOrder.STATIC
+    method: Method = Method.GPTQ
+    damp: float = 0.01  # fraction of the mean Hessian diagonal added to the diagonal
+    clip: bool = False  # Hessian-weighted search over shrunken group scales
+    block_size: int = 128  # GPTQ lazy-batch width (columns)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "act_order", _enum(ActOrder, self.act_order, "--act-order"))
+        object.__setattr__(self, "method", _enum(Method, self.method, "--method"))
+        if self.bits != 4:
+            raise ConfigError(f"--bits {self.bits} is not supported: the Marlin format stores 4-bit weights")
+        if self.group_size not in GROUP_SIZES:
+            raise ConfigError(f"--group-size {self.group_size} must be one of {', '.join(map(str, GROUP_SIZES))}")
+        if not 0 < self.damp < 1:
+            raise ConfigError(f"--damp {self.damp} must be in (0, 1); 0.01 is typical")
+        if self.block_size < 1:
+            raise ConfigError(f"block_size {self.block_size} must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class CalibConfig:
+    """Where calibration text comes from and how much of it is used."""
+
+    # "embedded", a local .txt/.jsonl/.parquet file, or a datasets hub name "<name>[:<config>]:<split>:<field>"
+    source: str = "embedded"
+    nsamples: int = 128
+    seqlen: int = 2048  # capped by the model's maximum positions
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.nsamples < 1:
+            raise ConfigError(f"--nsamples {self.nsamples} must be at least 1; 128 is typical")
+        if self.seqlen < 8:
+            raise ConfigError(f"--seqlen {self.seqlen} must be at least 8; 2048 is typical")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _enum(cls: type[Enum], value: Any, flag: str) -> Any:
+    try:
+        return cls(value.value if isinstance(value, Enum) else value)
+    except ValueError:
+        choices = "|".join(m.value for m in cls)  # type: ignore[attr-defined]
+        raise ConfigError(f"{flag} {value!r} is not one of {choices}") from None
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
+
+
+def presets() -> list[str]:
+    """Names of the presets shipped in configs/."""
+    root = importlib.resources.files("marlin_cli.configs")
+    return sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_preset(name_or_path: str) -> dict[str, Any]:
+    """QuantConfig fields from a shipped preset name or a YAML file; unknown keys are rejected."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        text = path.read_text()
+    elif name_or_path in presets():
+        text = importlib.resources.files("marlin_cli.configs").joinpath(f"{name_or_path}.yaml").read_text()
+    else:
+        raise ConfigError(f"--preset {name_or_path!r} is neither a YAML file nor one of: {', '.join(presets())}")
+    data = yaml.safe_load(text) or {}
+    known = {f.name for f in dataclasses.fields(QuantConfig)}
+    if not isinstance(data, dict) or set(data) - known:
+        unknown = sorted(set(data) - known) if isinstance(data, dict) else data
+        raise ConfigError(f"preset {name_or_path}: unknown keys {unknown}; allowed: {', '.join(sorted(known))}")
+    return data

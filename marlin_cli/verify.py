@@ -1,0 +1,84 @@
+"""Per-layer verification of a Marlin checkpoint: tensors against the config, then the kernel against the reference."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from marlin_cli.io.checkpoint import Checkpoint
+from marlin_cli.kernel import ops, reference
+from marlin_cli.nn import quantization_config
+
+# mean|C - C_ref| / mean|C_ref| allowed between the kernel and the float32 reference: fp16 rounding of the output
+# (2^-11 relative at most) plus a different fp32 accumulation order stay well below this.
+TOLERANCE = 2e-3
+BATCH_SIZES = (1, 16, 33)  # one row, one full tile, and a partial second tile
+
+
+@dataclass
+class LayerCheck:
+    name: str
+    in_features: int
+    out_features: int
+    groups: int
+    kernel: str
+    error: float | None  # worst relative error over BATCH_SIZES
+    passed: bool
+    problem: str | None = None
+    seconds: float = 0.0
+
+
+def verify_checkpoint(path: Path, device: str | None = None, seed: int = 0) -> list[LayerCheck]:
+    """Check every quantized layer of the checkpoint in `path`; tensors are re-read from disk."""
+    qc = quantization_config(path)
+    store = Checkpoint(path)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    gen = torch.Generator().manual_seed(seed)
+    checks = []
+    for name, (k, n) in sorted(qc["quantized_modules"].items()):
+        started = time.perf_counter()
+        groups = 1 if qc["group_size"] == -1 else k // qc["group_size"]
+        check = LayerCheck(name, k, n, groups, ops.kernel_name(dev), None, False)
+        check.problem = _tensor_problem(store, name, k, n, groups, bool(qc.get("desc_act")))
+        if check.problem is None:
+            b, s = store.tensor(f"{name}.B").to(dev), store.tensor(f"{name}.s").to(dev)
+            perm = store.tensor(f"{name}.perm").to(dev) if qc.get("desc_act") else None
+            check.error = max(_product_error(b, s, perm, m, gen) for m in BATCH_SIZES)
+            check.passed = check.error <= TOLERANCE
+            if not check.passed:
+                check.problem = f"kernel differs from the reference by {check.error:.2e} (> {TOLERANCE:.0e})"
+        check.seconds = round(time.perf_counter() - started, 4)
+        checks.append(check)
+    return checks
+
+
+def _tensor_problem(store: Checkpoint, name: str, k: int, n: int, groups: int, act_order: bool) -> str | None:
+    """Why the layer's stored tensors disagree with the config, or None."""
+    expected = {f"{name}.B": ("I32", [k // 16, 2 * n]), f"{name}.s": ("F16", [groups, n])}
+    if act_order:
+        expected[f"{name}.perm"] = ("I32", [k])
+    for tensor, (dtype, shape) in expected.items():
+        if tensor not in store.file_of:
+            return f"tensor {tensor} is missing"
+        entry = store.entry(tensor)
+        if entry["dtype"] != dtype or entry["shape"] != shape:
+            return f"tensor {tensor} is {entry['dtype']} {entry['shape']}, the config implies {dtype} {shape}"
+    s = store.tensor(f"{name}.s")
+    if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
+        return f"tensor {name}.s has scales that are not finite and positive"
+    if act_order and not torch.equal(store.tensor(f"{name}.perm").sort().values, torch.arange(k, dtype=torch.int32)):
+        return f"tensor {name}.perm is not a permutation of 0..{k - 1}"
+    return None
+
+
+def _product_error(b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor | None, m: int, gen: torch.Generator) -> float:
+    k = b.shape[0] * 16
+    a = (torch.rand(m, k, generator=gen) * 2 - 1).to(torch.float16).to(b.device)
+    want = reference.gemm(a.float(), b, s, perm)
+    got = torch.full_like(want, float("nan"), dtype=torch.float16)  # poisoned: an unwritten output cannot pass
+    got.copy_(ops.gemm(a, b, s, perm))
+    err = (got.float() - want).abs().mean() / want.abs().mean()
+    return float(err) if bool(torch.isfinite(got).all()) else float("inf")
