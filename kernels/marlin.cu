@@ -58,7 +58,9 @@ cudaError_t launch_choice(const Choice& c, bool grouped, const Params& p, int gr
 bool choose(int m, int n, int smem_cap, Choice* out) {
   const int want_mb = m <= 16 ? 1 : m <= 32 ? 2 : m <= 48 ? 3 : 4;
   for (int mb = want_mb; mb >= 1; --mb) {
-    for (int stages = 8; stages >= 4; stages -= 4) {
+    // Two blocks per SM (chunks of <= 32 rows) measured best with 4 stages each, one block with 8 (perf-log v3).
+    for (int i = 0; i < 2; ++i) {
+      const int stages = (mb <= 2) == (i == 0) ? 4 : 8;
       for (int ns = mb <= 2 ? 2 : 4; ns >= 1; ns /= 2) {
         if (n % (64 * ns)) continue;
         const Choice c{mb, ns, stages};
@@ -111,6 +113,7 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
   // Chunks side by side, each with its own share of the SMs; at most 16 at once keeps every chunk group at
   // 8 or more blocks and the counters within kCounterInts.
   const int max_par = g.sms >= 16 ? 16 : g.sms;
+  const int blocks_per_sm = mb <= 2 ? kMaxBlocksPerSm : 1;
   const int n_cols = g.n / (64 * ns);
 
   Params p;
@@ -124,7 +127,7 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
   for (int c0 = 0; c0 < chunks; c0 += max_par) {
     const int par = chunks - c0 < max_par ? chunks - c0 : max_par;
     if (static_cast<int64_t>(par) * n_cols > kCounterInts) return cudaErrorInvalidValue;
-    p.blocks_per_chunk = g.sms / par;
+    p.blocks_per_chunk = g.sms * blocks_per_sm / par;
     const int64_t row0 = static_cast<int64_t>(c0) * rows;
     p.a = a + row0 * (g.k / 8);
     p.c = static_cast<int4*>(g.c) + row0 * (g.n / 8);

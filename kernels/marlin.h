@@ -10,11 +10,14 @@ namespace marlin_cli {
 
 // The workspace is one zeroed int32 buffer: kCounterInts completion counters (the kernel returns every counter it
 // touches to zero, so the buffer stays zeroed between launches), then fp32 partial tiles, two slots per block of
-// at most kMaxTileElems floats each.
+// at most kMaxTileElems floats each, for up to kMaxBlocksPerSm blocks per SM.
 constexpr int64_t kCounterInts = 1 << 16;
 constexpr int64_t kMaxTileElems = 64 * 256;
+constexpr int kMaxBlocksPerSm = 2;
 
-inline int64_t workspace_ints(int sms) { return kCounterInts + static_cast<int64_t>(sms) * 2 * kMaxTileElems; }
+inline int64_t workspace_ints(int sms) {
+  return kCounterInts + static_cast<int64_t>(sms) * kMaxBlocksPerSm * 2 * kMaxTileElems;
+}
 
 struct GemmArgs {
   const void* a;      // fp16 (m, k) row-major, contiguous

@@ -17,8 +17,8 @@
 //   group re-reads the weights, mostly from L2 since the groups walk the same tiles at the same time.
 // - Inside a block: 8 warps = NS column warps (64 columns each) x NK k warps; the k warps of a strip split every
 //   k-tile between them and their partial sums are added in shared memory at the end of a run.
-// - Loads are 16-byte cp.async into a STAGES-deep ring; the ring index is a compile-time constant in the unrolled
-//   main loop, so every shared-memory address in the inner loop is a per-thread base plus an immediate.
+// - Loads are 16-byte cp.async into a STAGES-deep ring; the ring slot is one register, advanced once per stage in the
+//   loop, so every shared-memory address in the inner loop is a per-thread, per-stage base plus an immediate.
 #pragma once
 
 #include "marlin.h"
@@ -147,6 +147,9 @@ struct Cfg {
   static constexpr int RED_STRIDE = W + 8;  // floats; + 8 makes a row start 8 banks later: float2 stores conflict-free
   static constexpr int RED = R * RED_STRIDE;  // floats
   static constexpr int SMEM = STAGES * STAGE * 16 + RED * 4;
+  // Short chunks fit two blocks per SM (<= 128 registers): the second block computes while the first waits at its
+  // per-stage barrier, which a single block of 8 warps cannot hide.
+  static constexpr int MIN_BLOCKS = MB <= 2 ? 2 : 1;
   static_assert(NK * NS == kWarps, "warps must tile the block");
   static_assert(KQ * NK == KT, "k warps must split a stage evenly");
   static_assert(A_CHUNKS >= 8, "the A swizzle XORs three bits of the chunk index");
@@ -172,7 +175,7 @@ struct Params {
 // ---------------------------------------------------------------------------------------------------------------
 
 template <class C, bool GROUPED>
-__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Params p) {
   extern __shared__ int4 smem[];
   __shared__ int s_last;
   float* red = reinterpret_cast<float*>(smem + C::STAGES * C::STAGE);
@@ -416,24 +419,24 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Params p) {
     if (s < n_iter) load_stage(smem + s * C::STAGE, t_begin + s);
     cp_async_commit();
   }
+  // One copy of the loop body: unrolling it over the ring (static slot addresses) made a 160 KB kernel that ran
+  // out of the instruction cache (v1). The slot base is one register per stage; offsets inside a stage stay static.
   int seg_begin = t_begin;
+  int slot = 0, slot_next = C::STAGES - 1;
 #pragma unroll 1
-  for (int base = 0; base < n_iter; base += C::STAGES) {
-#pragma unroll
-    for (int s = 0; s < C::STAGES; ++s) {
-      const int it = base + s;
-      if (it >= n_iter) break;
-      cp_async_wait<C::STAGES - 2>();  // stage `it` has landed (one commit per iteration, empty ones included)
-      __syncthreads();                 // ... for every thread, and every thread is done with stage it - 1
-      const int next = it + C::STAGES - 1;
-      if (next < n_iter) load_stage(smem + ((s + C::STAGES - 1) % C::STAGES) * C::STAGE, t_begin + next);
-      cp_async_commit();
-      compute_stage(smem + s * C::STAGE);
-      const int tile = t_begin + it;
-      if ((tile + 1) % k_tiles == 0 || it + 1 == n_iter) {
-        finish(tile / k_tiles, seg_begin, tile + 1);
-        seg_begin = tile + 1;
-      }
+  for (int it = 0; it < n_iter; ++it) {
+    cp_async_wait<C::STAGES - 2>();  // stage `it` has landed (one commit per iteration, empty ones included)
+    __syncthreads();                 // ... for every thread, and every thread is done with stage it - 1
+    const int next = it + C::STAGES - 1;
+    if (next < n_iter) load_stage(smem + slot_next * C::STAGE, t_begin + next);
+    cp_async_commit();
+    compute_stage(smem + slot * C::STAGE);
+    slot = slot + 1 == C::STAGES ? 0 : slot + 1;
+    slot_next = slot_next + 1 == C::STAGES ? 0 : slot_next + 1;
+    const int tile = t_begin + it;
+    if ((tile + 1) % k_tiles == 0 || it + 1 == n_iter) {
+      finish(tile / k_tiles, seg_begin, tile + 1);
+      seg_begin = tile + 1;
     }
   }
   cp_async_wait<0>();
@@ -446,7 +449,8 @@ cudaError_t launch(const Params& p, int grid, int device, cudaStream_t stream) {
   static bool ready[kMaxDevices] = {};  // the opt-in shared-memory size is set once per device
   auto kernel = gemm_kernel<C, GROUPED>;
   if (!ready[device]) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
     if (err != cudaSuccess) return err;
     ready[device] = true;
   }
@@ -474,8 +478,8 @@ inline cudaError_t launch_cfg(bool grouped, const Params& p, int grid, int devic
 #define MARLIN_CONFIGS(X) \
   X(4, 4, 8) X(4, 2, 8) X(4, 1, 8) \
   X(3, 4, 8) X(3, 2, 8) X(3, 1, 8) \
-  X(2, 2, 8) X(2, 1, 8) X(2, 2, 4) X(2, 1, 4) \
-  X(1, 2, 8) X(1, 1, 8) X(1, 2, 4) X(1, 1, 4)
+  X(2, 4, 4) X(2, 2, 8) X(2, 1, 8) X(2, 2, 4) X(2, 1, 4) \
+  X(1, 4, 4) X(1, 2, 8) X(1, 1, 8) X(1, 2, 4) X(1, 1, 4)
 
 // One launcher per chunk height, each compiled in its own file (marlin_mb<MB>.cu) so the builds run in parallel.
 #define MARLIN_DECLARE_LAUNCHER(MB) \

@@ -94,7 +94,7 @@ def tinygemm_weights(k: int, n: int) -> tuple[list[torch.Tensor], torch.Tensor] 
     return [packed.clone() for _ in range(n_copies(k * n // 2))], scales_zeros
 
 
-def bench_layer(k: int, n: int, ms: list[int], reps: int, bw: float) -> list[dict]:
+def bench_layer(k: int, n: int, ms: list[int], reps: int, bw: float, only_ours: bool = False) -> list[dict]:
     dev = "cuda"
     b_bytes = k * n // 2
     s_bytes = (k // GROUP) * n * 2
@@ -105,12 +105,14 @@ def bench_layer(k: int, n: int, ms: list[int], reps: int, bw: float) -> list[dic
     ]
     ss = [((torch.rand(k // GROUP, n, device=dev) + 0.5) / 64).half() for _ in range(copies_q)]
     copies_h = n_copies(k * n * 2)
-    ws = [torch.randn(n, k, device=dev).half() for _ in range(copies_h)]  # nn.Linear weight (N, K)
-    tiny = tinygemm_weights(k, n)
+    ws = [] if only_ours else [torch.randn(n, k, device=dev).half() for _ in range(copies_h)]  # Linear weight (N, K)
+    tiny = None if only_ours else tinygemm_weights(k, n)
     rows = []
     for m in ms:
         a = torch.randn(m, k, device=dev).half()
-        t_cublas = time_ms(lambda i, a=a: torch.nn.functional.linear(a, ws[i]), copies_h, reps)
+        t_cublas = (
+            float("nan") if only_ours else time_ms(lambda i, a=a: torch.nn.functional.linear(a, ws[i]), copies_h, reps)
+        )
         t_ours = time_ms(lambda i, a=a: ops.gemm(a, bs[i], ss[i]), copies_q, reps)
         t_tiny = None
         if tiny is not None:
@@ -136,12 +138,14 @@ def main() -> None:
     parser.add_argument("--sets", default="7b,70b")
     parser.add_argument("--m", default="1,8,16,32,64,128,256")
     parser.add_argument("--reps", type=int, default=15, help="graph replays per measurement")
+    parser.add_argument("--bandwidth", type=float, default=0.0, help="TB/s to use instead of measuring it")
+    parser.add_argument("--only-ours", action="store_true", help="skip cuBLAS and torch's int4 kernel")
     args = parser.parse_args()
     ms = [int(x) for x in args.m.split(",")]
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    bw = copy_bandwidth()
+    bw = args.bandwidth * 1e12 if args.bandwidth else copy_bandwidth()
     print(f"copy bandwidth (read + write): {bw / 1e12:.2f} TB/s")
     ops.gemm(
         torch.randn(1, 128, device="cuda").half(),
@@ -156,7 +160,7 @@ def main() -> None:
     for name in args.sets.split(","):
         rows = []
         for k, n in SETS[name]:
-            rows += bench_layer(k, n, ms, args.reps, bw)
+            rows += bench_layer(k, n, ms, args.reps, bw, args.only_ours)
         print(header)
         for r in rows:
             print(

@@ -12,7 +12,7 @@ import torch
 from marlin_cli.errors import ShapeError
 from marlin_cli.kernel import build, reference
 
-# Mirrors kernels/marlin.h: completion counters, then two fp32 partial tiles of 64 x 256 per multiprocessor.
+# Mirrors kernels/marlin.h: completion counters, then two fp32 partial tiles of 64 x 256 per block.
 _COUNTER_INTS = 1 << 16
 _TILE_ELEMS = 64 * 256
 GROUP_SIZES = (32, 64, 128)
@@ -100,7 +100,8 @@ def workspace(device: torch.device) -> torch.Tensor:
         ws = _workspaces.get(index)
         if ws is None:
             sms = torch.cuda.get_device_properties(index).multi_processor_count
-            ws = torch.zeros(_COUNTER_INTS + sms * 2 * _TILE_ELEMS, dtype=torch.int32, device=f"cuda:{index}")
+            # two blocks per SM at most: two partial slots each
+            ws = torch.zeros(_COUNTER_INTS + 2 * sms * 2 * _TILE_ELEMS, dtype=torch.int32, device=f"cuda:{index}")
             _workspaces[index] = ws
         return ws
 
