@@ -1,0 +1,104 @@
+"""Tiny models of real transformers classes, quantized end to end through the CLI, verified and re-loaded."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from marlin_cli.model.load import open_model
+from marlin_cli.nn import MarlinLinear, load_quantized
+
+FAST = ["--nsamples", "8", "--seqlen", "64"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "opt", "gpt2"])
+def test_quantize_verify_reload(kind: str, tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    source = tiny_models(kind)
+    out = tmp_path / "w4"
+    code, stdout, stderr = run_cli("quantize", source, out, *FAST, "--json")
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    assert report["summary"]["quantized"] > 0 and report["summary"]["kept"] == 0
+    assert all(layer["error"] < layer["rtn_error"] for layer in report["layers"]), "GPTQ must beat RTN per layer"
+    files = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors.index.json", "quantization_report.json", "tokenizer.json"} <= files
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "marlin" and qc["bits"] == 4 and qc["group_size"] == 128
+    assert set(qc["quantized_modules"]) == {layer["name"] for layer in report["layers"]}
+
+    code, stdout, stderr = run_cli("verify", out, "--json")
+    assert code == 0, stderr
+    assert json.loads(stdout)["passed"]
+
+    # Re-loaded through MarlinLinear, the model computes what the quantized (dequantized) weights compute.
+    model = load_quantized(out)
+    assert sum(isinstance(m, MarlinLinear) for m in model.modules()) == len(qc["quantized_modules"])
+    dense = open_model(source).model.float()
+    for name, module in model.named_modules():
+        if isinstance(module, MarlinLinear):
+            target = dense.get_submodule(name)
+            w = module.dequantized_weight()
+            target.weight.data.copy_(w.T if isinstance(target, transformers.pytorch_utils.Conv1D) else w)
+    ids = torch.randint(0, 30000, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got, want = model.float()(ids).logits, dense(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("args", [["--act-order", "group", "--clip"], ["--group-size", "-1"], ["--group-size", "32"],
+                                  ["--method", "rtn"], ["--preset", "w4-g128-best"]],
+                         ids=["group-clip", "per-channel", "g32", "rtn", "preset"])
+def test_options_round_trip_through_the_checkpoint(args: list[str], tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "w4"
+    code, _, stderr = run_cli("quantize", tiny_models("llama"), out, *FAST, *args)
+    assert code == 0, stderr
+    code, stdout, stderr = run_cli("verify", out, "--json")
+    assert code == 0, stderr
+    code, stdout, _ = run_cli("inspect", out, "--json")
+    info = json.loads(stdout)
+    assert code == 0 and info["format"] == "marlin" and len(info["quantized_layers"]) == 14
+    if "group" in args or "--preset" in args:
+        assert info["act_order"] == "group"
+        assert all(json.loads((out / "config.json").read_text())["quantization_config"]["desc_act"] for _ in [0])
+
+
+def test_pack_rtn_and_shards(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "packed"
+    code, stdout, stderr = run_cli("pack", tiny_models("qwen2"), out, "--max-shard-size", "3MB", "--json")
+    assert code == 0, stderr
+    shards = sorted(out.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {p.name for p in shards}
+    assert set(json.loads(stdout)["files"]["shards"]) == {p.name for p in shards}
+    assert run_cli("verify", out)[0] == 0
+
+
+def test_existing_output_needs_force(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "w4"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    code, _, stderr = run_cli("pack", tiny_models("llama"), out)
+    assert code == 2 and "--force" in stderr
+    assert (out / "keep.txt").read_text() == "user data"
+    code, _, stderr = run_cli("pack", tiny_models("llama"), out, "--force")
+    assert code == 0, stderr
+    assert not (out / "keep.txt").exists() and (out / "config.json").exists()
+    assert not list(tmp_path.glob(".w4.*")), "no temporary directory is left behind"
+
+
+def test_help_explains_every_option(run_cli) -> None:  # noqa: ANN001
+    code, stdout, _ = run_cli("quantize", "--help")
+    stdout = re.sub(r"[\s│]+", " ", stdout)  # undo the help panel's wrapping
+    assert code == 0
+    for flag in ["--group-size", "--act-order", "--clip", "--damp", "--method", "--calib", "--nsamples", "--seqlen",
+                 "--seed", "--force", "--json", "--max-shard-size", "--trust-remote-code"]:
+        assert flag in stdout
+    assert "default: 128" in stdout and "default: static" in stdout
+    for command in ["pack", "verify", "inspect"]:
+        assert run_cli(command, "--help")[0] == 0
