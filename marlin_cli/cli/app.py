@@ -7,6 +7,7 @@ import sys
 
 import transformers
 import typer
+from rich.markup import escape
 
 from marlin_cli.cli.common import err_console
 from marlin_cli.cli.inspect import inspect_command
@@ -37,7 +38,7 @@ def main() -> None:
     try:
         app(standalone_mode=True)
     except MarlinError as e:
-        err_console.print(f"[red]error:[/] {e}", highlight=False)
+        err_console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted; no output was left behind")
@@ -45,5 +46,7 @@ def main() -> None:
     except Exception as e:  # a bug: say so, keep the traceback one variable away
         if os.environ.get("MARLIN_DEBUG"):
             raise
-        err_console.print(f"[red]internal error:[/] {type(e).__name__}: {e} (set MARLIN_DEBUG=1 for the traceback)")
+        err_console.print(
+            f"[red]internal error:[/] {type(e).__name__}: {e} (set MARLIN_DEBUG=1 for the traceback)", soft_wrap=True
+        )
         sys.exit(INTERNAL_ERROR)

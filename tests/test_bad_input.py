@@ -1,0 +1,108 @@
+"""Bad input: one clear message naming the file, layer or flag, exit code 2, and no output left behind."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import make_tiny
+
+
+def assert_refused(run_cli, args: list[str], out: Path, *phrases: str) -> None:  # noqa: ANN001
+    code, stdout, stderr = run_cli(*args)
+    assert code == 2, stderr
+    assert "Traceback" not in stderr and stdout == ""
+    for phrase in phrases:
+        assert phrase in " ".join(stderr.split()), stderr
+    assert not out.exists(), "no output directory may be left behind"
+    assert not list(out.parent.glob(f".{out.name}.*")), "no temporary directory may be left behind"
+
+
+@pytest.fixture
+def llama_copy(tiny_models, tmp_path: Path) -> Path:  # noqa: ANN001
+    return Path(shutil.copytree(tiny_models("llama"), tmp_path / "model"))
+
+
+def test_missing_model_path(run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "out"
+    assert_refused(run_cli, ["quantize", tmp_path / "nope", out], out, "does not exist")
+
+
+@pytest.mark.parametrize(
+    "damage,phrase",
+    [
+        (lambda b: b[: len(b) // 2], "truncated"),
+        (lambda b: b[:5], "truncated"),
+        (lambda b: (10**9).to_bytes(8, "little") + b[8:], "exceeds the file"),
+        (lambda b: b[:8] + b"{" * 20 + b[28:], "not valid JSON"),
+    ],
+    ids=["half", "no-header", "header-too-large", "garbled-header"],
+)
+def test_corrupt_safetensors(damage, phrase: str, llama_copy: Path, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    weights = llama_copy / "model.safetensors"
+    weights.write_bytes(damage(weights.read_bytes()))
+    out = tmp_path / "out"
+    assert_refused(run_cli, ["quantize", llama_copy, out], out, "model.safetensors", phrase)
+
+
+@pytest.mark.parametrize(
+    "flags,phrase",
+    [
+        (["--act-order", "sideways"], "--act-order 'sideways' is not one of static|group|none"),
+        (["--method", "awq"], "--method 'awq'"),
+        (["--group-size", "48"], "--group-size 48 must be one of"),
+        (["--damp", "0"], "--damp 0.0 must be in (0, 1)"),
+        (["--nsamples", "0"], "--nsamples 0 must be at least 1"),
+        (["--max-shard-size", "big"], "--max-shard-size 'big'"),
+        (["--calib", "nowhere.jsonl"], "--calib nowhere.jsonl: no such file"),
+        (["--preset", "w9"], "--preset 'w9'"),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else None,
+)
+def test_bad_flag_values(flags: list[str], phrase: str, tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "out"
+    assert_refused(run_cli, ["quantize", tiny_models("llama"), out, *flags], out, phrase)
+
+
+def test_unknown_flag_is_a_usage_error(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "out"
+    code, _, stderr = run_cli("quantize", tiny_models("llama"), out, "--bitz", "3")
+    assert code == 2 and "--bitz" in stderr and not out.exists()
+
+
+def test_no_layer_the_format_accepts(run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    model = make_tiny("llama", tmp_path / "narrow", hidden_size=96, intermediate_size=160, num_attention_heads=3,
+                      num_key_value_heads=3)
+    out = tmp_path / "out"
+    assert_refused(run_cli, ["quantize", model, out], out, "no layer has a shape the Marlin format accepts",
+                   "not a multiple of 128")
+
+
+def test_pickle_only_model_is_refused(llama_copy: Path, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    (llama_copy / "model.safetensors").rename(llama_copy / "pytorch_model.bin")
+    out = tmp_path / "out"
+    assert_refused(run_cli, ["quantize", llama_copy, out], out, "pytorch_model.bin", "pickle")
+
+
+def test_calibration_text_too_short(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    calib = tmp_path / "calib.txt"
+    calib.write_text("one short document\n\nand another")
+    out = tmp_path / "out"
+    assert_refused(run_cli, ["quantize", tiny_models("llama"), out, "--calib", calib], out,
+                   "2 documents, fewer than --nsamples 128", "lower --nsamples")
+
+
+def test_output_that_is_the_input(llama_copy: Path, run_cli) -> None:  # noqa: ANN001
+    code, _, stderr = run_cli("pack", llama_copy, llama_copy, "--force")
+    assert code == 2 and "would overwrite the input" in stderr
+    assert (llama_copy / "model.safetensors").exists()
+
+
+def test_verify_rejects_tampered_checkpoint(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "w4"
+    assert run_cli("pack", tiny_models("llama"), out)[0] == 0
+    shard = next(out.glob("model-*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-100])
+    code, _, stderr = run_cli("verify", out)
+    assert code == 2 and shard.name in stderr and "truncated" in stderr
