@@ -16,7 +16,18 @@ import warnings
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "marlin_cli" / "calib" / "corpus.jsonl.gz"
-SKIP = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "lib2to3", "ensurepip", "venv", "pydoc_data"}
+SKIP = {
+    "antigravity",
+    "this",
+    "idlelib",
+    "tkinter",
+    "turtle",
+    "turtledemo",
+    "lib2to3",
+    "ensurepip",
+    "venv",
+    "pydoc_data",
+}
 MAX_SOURCE_CHARS = 3000  # one function's source at most: keeps any single module from dominating
 TARGET_CHARS = 1_600_000
 

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny
+from tiny_models import make_tiny
 
 
 def assert_refused(run_cli, args: list[str], out: Path, *phrases: str) -> None:  # noqa: ANN001
@@ -72,11 +72,22 @@ def test_unknown_flag_is_a_usage_error(tiny_models, run_cli, tmp_path: Path) -> 
 
 
 def test_no_layer_the_format_accepts(run_cli, tmp_path: Path) -> None:  # noqa: ANN001
-    model = make_tiny("llama", tmp_path / "narrow", hidden_size=96, intermediate_size=160, num_attention_heads=3,
-                      num_key_value_heads=3)
+    model = make_tiny(
+        "llama",
+        tmp_path / "narrow",
+        hidden_size=96,
+        intermediate_size=160,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+    )
     out = tmp_path / "out"
-    assert_refused(run_cli, ["quantize", model, out], out, "no layer has a shape the Marlin format accepts",
-                   "not a multiple of 128")
+    assert_refused(
+        run_cli,
+        ["quantize", model, out],
+        out,
+        "no layer has a shape the Marlin format accepts",
+        "not a multiple of 128",
+    )
 
 
 def test_pickle_only_model_is_refused(llama_copy: Path, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
@@ -89,8 +100,13 @@ def test_calibration_text_too_short(tiny_models, run_cli, tmp_path: Path) -> Non
     calib = tmp_path / "calib.txt"
     calib.write_text("one short document\n\nand another")
     out = tmp_path / "out"
-    assert_refused(run_cli, ["quantize", tiny_models("llama"), out, "--calib", calib], out,
-                   "2 documents, fewer than --nsamples 128", "lower --nsamples")
+    assert_refused(
+        run_cli,
+        ["quantize", tiny_models("llama"), out, "--calib", calib],
+        out,
+        "2 documents, fewer than --nsamples 128",
+        "lower --nsamples",
+    )
 
 
 def test_output_that_is_the_input(llama_copy: Path, run_cli) -> None:  # noqa: ANN001

@@ -50,9 +50,17 @@ def test_quantize_verify_reload(kind: str, tiny_models, run_cli, tmp_path: Path)
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("args", [["--act-order", "group", "--clip"], ["--group-size", "-1"], ["--group-size", "32"],
-                                  ["--method", "rtn"], ["--preset", "w4-g128-best"]],
-                         ids=["group-clip", "per-channel", "g32", "rtn", "preset"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--act-order", "group", "--clip"],
+        ["--group-size", "-1"],
+        ["--group-size", "32"],
+        ["--method", "rtn"],
+        ["--preset", "w4-g128-best"],
+    ],
+    ids=["group-clip", "per-channel", "g32", "rtn", "preset"],
+)
 def test_options_round_trip_through_the_checkpoint(args: list[str], tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "w4"
     code, _, stderr = run_cli("quantize", tiny_models("llama"), out, *FAST, *args)
@@ -96,8 +104,21 @@ def test_help_explains_every_option(run_cli) -> None:  # noqa: ANN001
     code, stdout, _ = run_cli("quantize", "--help")
     stdout = re.sub(r"[\s│]+", " ", stdout)  # undo the help panel's wrapping
     assert code == 0
-    for flag in ["--group-size", "--act-order", "--clip", "--damp", "--method", "--calib", "--nsamples", "--seqlen",
-                 "--seed", "--force", "--json", "--max-shard-size", "--trust-remote-code"]:
+    for flag in [
+        "--group-size",
+        "--act-order",
+        "--clip",
+        "--damp",
+        "--method",
+        "--calib",
+        "--nsamples",
+        "--seqlen",
+        "--seed",
+        "--force",
+        "--json",
+        "--max-shard-size",
+        "--trust-remote-code",
+    ]:
         assert flag in stdout
     assert "default: 128" in stdout and "default: static" in stdout
     for command in ["pack", "verify", "inspect"]:

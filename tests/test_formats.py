@@ -34,8 +34,9 @@ def test_quantized_layer_round_trip(act_order: str, group_size: int) -> None:
     """codes, scales and permutation of a real GPTQ result come back unchanged from the packed tensors."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(512, 256, generator=gen)
-    result = gptq(torch.randn(128, 256, generator=gen), 2 * x.T @ x / 512, QuantConfig(group_size=group_size,
-                                                                                         act_order=act_order))
+    result = gptq(
+        torch.randn(128, 256, generator=gen), 2 * x.T @ x / 512, QuantConfig(group_size=group_size, act_order=act_order)
+    )
     assert (result.perm is not None) == (act_order == "group")
     assert torch.equal(marlin.unpack_weight(marlin.pack_weight(result.codes)), result.codes)
     assert torch.equal(marlin.unpack_scales(marlin.pack_scales(result.scales)).float(), result.scales)
@@ -57,8 +58,15 @@ def test_scale_permutations_are_the_documented_ones() -> None:
     assert marlin.scale_perm(False)[:10].tolist() == [0, 1, 8, 9, 16, 17, 24, 25, 2, 3]
 
 
-@pytest.mark.parametrize("k,n,group_size,rule", [(100, 64, 128, "multiple of 128"), (128, 96, 128, "multiple of 64"),
-                                                  (128, 64, 48, "group size 48"), (384, 64, 256, "group size 256")])
+@pytest.mark.parametrize(
+    "k,n,group_size,rule",
+    [
+        (100, 64, 128, "multiple of 128"),
+        (128, 96, 128, "multiple of 64"),
+        (128, 64, 48, "group size 48"),
+        (384, 64, 256, "group size 256"),
+    ],
+)
 def test_shapes_the_layout_refuses(k: int, n: int, group_size: int, rule: str) -> None:
     assert rule in (marlin.shape_problem(k, n, group_size) or "")
 

@@ -18,8 +18,12 @@ def correlated_problem(n: int, k: int, seed: int, tokens: int = 2048) -> tuple[t
     """Random weights and the Hessian of inputs with correlated channels of unequal scale (like real activations)."""
     gen = torch.Generator().manual_seed(seed)
     mix = torch.randn(k, k, generator=gen, dtype=torch.float64) / k**0.5 + torch.eye(k, dtype=torch.float64)
-    x = torch.randn(tokens, k, generator=gen, dtype=torch.float64) @ mix * torch.rand(k, generator=gen,
-                                                                                       dtype=torch.float64) * 3
+    x = (
+        torch.randn(tokens, k, generator=gen, dtype=torch.float64)
+        @ mix
+        * torch.rand(k, generator=gen, dtype=torch.float64)
+        * 3
+    )
     return torch.randn(n, k, generator=gen, dtype=torch.float64), 2 * x.T @ x / tokens
 
 

@@ -30,8 +30,9 @@ def reference() -> Reference:
 
 @pytest.fixture(scope="module")
 def rtn(reference: Reference, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from marlin_cli.cli.app import app
     from typer.testing import CliRunner
+
+    from marlin_cli.cli.app import app
 
     out = tmp_path_factory.mktemp("minilm") / "rtn"
     result = CliRunner().invoke(app, ["pack", "minilm", str(out), "--json"])
@@ -53,8 +54,10 @@ def test_minilm_gptq_beats_rtn(recipe: str, reference: Reference, rtn: dict, run
     got = reference.evaluate(out)
     worse = [name for name, err in got["errors"].items() if err >= rtn["errors"][name]]
     ratio = sum(got["errors"].values()) / sum(rtn["errors"].values())
-    print(f"\nMiniLM {recipe}: held-out error {ratio:.3f}x RTN, embedding cosine {got['cosine']:.4f} "
-          f"(RTN {rtn['cosine']:.4f}), quantize wall time {seconds:.1f} s on {len(reference.texts)} held-out texts")
+    print(
+        f"\nMiniLM {recipe}: held-out error {ratio:.3f}x RTN, embedding cosine {got['cosine']:.4f} "
+        f"(RTN {rtn['cosine']:.4f}), quantize wall time {seconds:.1f} s on {len(reference.texts)} held-out texts"
+    )
     assert not worse, f"GPTQ is not below RTN on {worse}"
     assert ratio <= max_ratio
     assert got["cosine"] >= min_cosine

@@ -9,6 +9,7 @@ import transformers
 import typer
 from rich.markup import escape
 
+from marlin_cli.cli.build_kernels import build_kernels_command
 from marlin_cli.cli.common import err_console
 from marlin_cli.cli.inspect import inspect_command
 from marlin_cli.cli.pack import pack_command
@@ -27,6 +28,7 @@ app.command("quantize", epilog=EXAMPLES)(quantize_command)
 app.command("pack")(pack_command)
 app.command("verify")(verify_command)
 app.command("inspect")(inspect_command)
+app.command("build-kernels")(build_kernels_command)
 
 INTERNAL_ERROR = 3
 
