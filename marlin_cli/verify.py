@@ -8,9 +8,11 @@ from pathlib import Path
 
 import torch
 
+from marlin_cli.calib.data import embedded_texts, token_samples
 from marlin_cli.io.checkpoint import Checkpoint
 from marlin_cli.kernel import ops, reference
-from marlin_cli.nn import quantization_config
+from marlin_cli.model.load import open_model, open_tokenizer
+from marlin_cli.nn import load_quantized, quantization_config
 
 # mean|C - C_ref| / mean|C_ref| allowed between the kernel and the float32 reference: fp16 rounding of the output
 # (2^-11 relative at most) plus a different fp32 accumulation order stay well below this.
@@ -82,3 +84,42 @@ def _product_error(b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor | None, 
     got.copy_(ops.gemm(a, b, s, perm))
     err = (got.float() - want).abs().mean() / want.abs().mean()
     return float(err) if bool(torch.isfinite(got).all()) else float("inf")
+
+
+@dataclass
+class ModelCheck:
+    """The quantized model against the original on held-out text."""
+
+    original: str
+    tokens: int
+    kind: str  # "logits": per-token KL and top-1 agreement; "hidden": cosine of the last hidden states
+    kl: float | None = None  # mean per-token KL(original || quantized), nats
+    top1: float | None = None  # fraction of tokens whose argmax agrees
+    cosine: float | None = None  # mean per-token cosine of the last hidden state
+
+
+def model_check(
+    path: Path, original: Path, device: str | None = None, nsamples: int = 16, seqlen: int = 256
+) -> ModelCheck:
+    """Run held-out text from the embedded corpus through the original and the quantized model (kernel on a GPU)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    quantized = load_quantized(path, dev)
+    dense = open_model(original).model.to(dev)
+    samples = token_samples(embedded_texts("heldout"), open_tokenizer(path), nsamples, seqlen, seed=0)
+    kls, agree, cosines, tokens = [], [], [], 0
+    with torch.no_grad():
+        for ids in samples:
+            want, got = dense(input_ids=ids.to(dev)), quantized(input_ids=ids.to(dev))
+            tokens += ids.numel()
+            if hasattr(want, "logits"):
+                p, q = want.logits.float().log_softmax(-1), got.logits.float().log_softmax(-1)
+                kls.append((p.exp() * (p - q)).sum(-1).flatten())
+                agree.append((p.argmax(-1) == q.argmax(-1)).flatten().float())
+            else:
+                a, b = want.last_hidden_state.float(), got.last_hidden_state.float()
+                cosines.append(torch.nn.functional.cosine_similarity(a, b, dim=-1).flatten())
+    if kls:
+        return ModelCheck(
+            str(original), tokens, "logits", kl=float(torch.cat(kls).mean()), top1=float(torch.cat(agree).mean())
+        )
+    return ModelCheck(str(original), tokens, "hidden", cosine=float(torch.cat(cosines).mean()))

@@ -123,3 +123,13 @@ def test_help_explains_every_option(run_cli) -> None:  # noqa: ANN001
     assert "default: 128" in stdout and "default: static" in stdout
     for command in ["pack", "verify", "inspect"]:
         assert run_cli(command, "--help")[0] == 0
+
+
+def test_verify_model_check(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "w4"
+    assert run_cli("quantize", tiny_models("llama"), out, *FAST)[0] == 0
+    code, stdout, stderr = run_cli("verify", out, "--model-check", "--json")
+    assert code == 0, stderr
+    check = json.loads(stdout)["model_check"]
+    assert check["kind"] == "logits" and check["tokens"] > 0
+    assert 0 <= check["kl"] < 0.05 and 0 <= check["top1"] <= 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -10,14 +11,27 @@ import typer
 from rich.table import Table
 
 from marlin_cli.cli.common import DeviceOpt, JsonOpt, Timer, err_console, print_json
-from marlin_cli.errors import VerificationFailed
-from marlin_cli.verify import TOLERANCE, verify_checkpoint
+from marlin_cli.errors import CheckpointError, VerificationFailed
+from marlin_cli.io.checkpoint import REPORT
+from marlin_cli.verify import TOLERANCE, model_check, verify_checkpoint
 
 
 def verify_command(
     ckpt: Annotated[Path, typer.Argument(help="Marlin checkpoint directory (as written by quantize or pack).")],
     device: DeviceOpt = None,
     seed: Annotated[int, typer.Option(help="Seed of the random activations.")] = 0,
+    model_check_: Annotated[
+        bool,
+        typer.Option(
+            "--model-check",
+            help="Also run held-out text through the original and the quantized model: "
+            "per-token KL divergence and top-1 agreement (cosine of hidden states for encoders).",
+        ),
+    ] = False,
+    original: Annotated[
+        Path | None,
+        typer.Option(help="Original model for --model-check. \\[default: the source recorded in the report]"),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Check each quantized layer: tensors against the config, scales finite and positive, then the layer's product
@@ -28,11 +42,13 @@ def verify_command(
     timer = Timer()
     checks = verify_checkpoint(ckpt, device, seed)
     failed = [c for c in checks if not c.passed]
+    whole = model_check(ckpt, original or recorded_source(ckpt), device) if model_check_ else None
     if json_out:
         print_json(
             {
                 "checkpoint": str(ckpt),
                 "passed": not failed,
+                "model_check": asdict(whole) if whole else None,
                 "tolerance": TOLERANCE,
                 "seconds": timer.seconds(),
                 "layers": [asdict(c) for c in checks],
@@ -47,7 +63,24 @@ def verify_command(
             result = "[green]ok[/]" if c.passed else f"[red]FAIL[/] {c.problem}"
             table.add_row(c.name, f"{c.in_features} x {c.out_features}", str(c.groups), c.kernel, err, result)
         err_console.print(table)
+        if whole is not None and whole.kind == "logits":
+            err_console.print(
+                f"model check vs {whole.original}: {whole.tokens} tokens, KL {whole.kl:.4g} nats/token, "
+                f"top-1 agreement {whole.top1:.2%}"
+            )
+        elif whole is not None:
+            err_console.print(
+                f"model check vs {whole.original}: {whole.tokens} tokens, hidden-state cosine {whole.cosine:.4f}"
+            )
     if failed:
         raise VerificationFailed(
             f"{len(failed)} of {len(checks)} layers failed verification (first: {failed[0].name}: {failed[0].problem})"
         )
+
+
+def recorded_source(ckpt: Path) -> Path:
+    """The model a checkpoint was made from, as its report records it."""
+    try:
+        return Path(json.loads((ckpt / REPORT).read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{ckpt / REPORT}: no recorded source model; pass --original") from None
