@@ -207,44 +207,65 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   const int a_row = p.k / 8;  // int4 per A row
 
   // --- loads of one stage ---------------------------------------------------------------------------------------
-  auto load_stage = [&](int4* st, int tile) {
-    const int col = tile / k_tiles;
-    const int kt = tile - col * k_tiles;
+  // Every thread's share of a stage is fixed: only the tile's (column strip, k-tile) base moves. The per-thread parts
+  // are computed here once; the bases of the next stage to load live in registers and advance by additions, so a
+  // stage's copies cost no index arithmetic beyond one add per pointer.
+  // B: KT packed rows x NS strips x 32 lanes, copied in order (so a lane later reads its own 16 bytes); thread tid
+  // copies rows tid / (NS * 32) + i * B_PASS, column tid % (NS * 32).
+  constexpr int B_PASS = kThreads / (C::NS * 32);
+  const int64_t b_thr = static_cast<int64_t>(tid / (C::NS * 32)) * b_row + tid % (C::NS * 32);
+  const int64_t b_pass = static_cast<int64_t>(B_PASS) * b_row;
+  const int64_t b_stage = static_cast<int64_t>(C::KT) * b_row;
+  // A: R rows x A_CHUNKS chunks; chunk j of row r lands at r * A_CHUNKS + (j ^ (r % 8)), so the 8 rows one
+  // ldmatrix phase reads fall in 8 different 16-byte bank groups. Rows past m are zero-filled (no global read).
+  constexpr int A_PER = (C::A_STAGE + kThreads - 1) / kThreads;
+  int a_src[A_PER], a_dst[A_PER], a_bytes[A_PER];
+#pragma unroll
+  for (int i = 0; i < A_PER; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx / C::A_CHUNKS;
+    const int j = idx % C::A_CHUNKS;
+    const bool ok = r < m_rows && (C::A_STAGE % kThreads == 0 || idx < C::A_STAGE);
+    a_src[i] = (ok ? r : 0) * a_row + j;
+    a_dst[i] = r * C::A_CHUNKS + (j ^ (r % 8));
+    a_bytes[i] = ok ? 16 : 0;
+  }
+  // Scales: the group rows a stage spans (one row when a group spans several stages), NS * 8 int4 each.
+  const int s_rows = max(1, C::KT >> p.lg_group);
+  const bool s_copy = GROUPED && tid < s_rows * C::NS * 8;
+  const int s_thr = (tid / (C::NS * 8)) * s_row + tid % (C::NS * 8);
+  const int s_stage_rows = (C::KT << 3) >> p.lg_group;  // group rows per k-tile times 8 (exact for any group)
+  // Next tile to load: its column strip and k-tile, and the matching bases.
+  int ld_col = t_begin / k_tiles;
+  int ld_kt = t_begin - ld_col * k_tiles;
+  const int4* ld_b = p.b + static_cast<int64_t>(ld_kt) * b_stage + ld_col * C::NS * 32 + b_thr;
+  int ld_a = ld_kt * C::A_CHUNKS;
+
+  auto load_stage = [&](int4* st) {
     int4* sa = st;
     int4* sb = st + C::A_STAGE;
     int4* ss = sb + C::B_STAGE;
-    // B: KT packed rows x NS strips x 32 lanes, copied in order, so a lane later reads its own 16 bytes.
-    const int4* gb = p.b + static_cast<int64_t>(kt) * C::KT * b_row + col * C::NS * 32;
 #pragma unroll
-    for (int i = 0; i < C::B_STAGE / kThreads; ++i) {
-      const int idx = tid + i * kThreads;
-      const int r = idx / (C::NS * 32);
-      const int c = idx % (C::NS * 32);
-      cp_async16(sb + idx, gb + static_cast<int64_t>(r) * b_row + c);
-    }
-    // A: R rows x A_CHUNKS chunks; chunk j of row r lands at r * A_CHUNKS + (j ^ (r % 8)), so the 8 rows one
-    // ldmatrix phase reads fall in 8 different 16-byte bank groups.
-    const int4* ga = a_g + kt * C::A_CHUNKS;
+    for (int i = 0; i < C::B_STAGE / kThreads; ++i) cp_async16(sb + tid + i * kThreads, ld_b + i * b_pass);
 #pragma unroll
-    for (int i = 0; i < (C::A_STAGE + kThreads - 1) / kThreads; ++i) {
-      const int idx = tid + i * kThreads;
-      if (C::A_STAGE % kThreads == 0 || idx < C::A_STAGE) {
-        const int r = idx / C::A_CHUNKS;
-        const int j = idx % C::A_CHUNKS;
-        const bool ok = r < m_rows;
-        cp_async16_zfill(sa + r * C::A_CHUNKS + (j ^ (r % 8)), ga + static_cast<int64_t>(ok ? r : 0) * a_row + j,
-                         ok ? 16 : 0);
+    for (int i = 0; i < A_PER; ++i) {
+      if (C::A_STAGE % kThreads == 0 || tid + i * kThreads < C::A_STAGE) {
+        cp_async16_zfill(sa + a_dst[i], a_g + ld_a + a_src[i], a_bytes[i]);
       }
     }
-    // Scales: the group rows this stage spans (one row when a group spans several stages).
-    if (GROUPED) {
-      const int rows = max(1, C::KT >> p.lg_group);
-      if (tid < rows * C::NS * 8) {
-        const int r = tid / (C::NS * 8);
-        const int c = tid % (C::NS * 8);
-        const int g = ((kt * C::KT) >> p.lg_group) + r;
-        cp_async16(ss + tid, p.s + static_cast<int64_t>(g) * s_row + col * C::NS * 8 + c);
-      }
+    if (s_copy) {
+      const int g = (ld_kt * s_stage_rows) >> 3;
+      cp_async16(ss + tid, p.s + static_cast<int64_t>(g) * s_row + ld_col * C::NS * 8 + s_thr);
+    }
+    // advance to the next tile
+    if (++ld_kt == k_tiles) {
+      ld_kt = 0;
+      ++ld_col;
+      ld_b = p.b + ld_col * C::NS * 32 + b_thr;
+      ld_a = 0;
+    } else {
+      ld_b += b_stage;
+      ld_a += C::A_CHUNKS;
     }
   };
 
@@ -416,27 +437,34 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   // --- main loop ---------------------------------------------------------------------------------------------
 #pragma unroll
   for (int s = 0; s < C::STAGES - 1; ++s) {
-    if (s < n_iter) load_stage(smem + s * C::STAGE, t_begin + s);
+    if (s < n_iter) load_stage(smem + s * C::STAGE);
     cp_async_commit();
   }
   // One copy of the loop body: unrolling it over the ring (static slot addresses) made a 160 KB kernel that ran
   // out of the instruction cache (v1). The slot base is one register per stage; offsets inside a stage stay static.
   int seg_begin = t_begin;
   int slot = 0, slot_next = C::STAGES - 1;
+  int cur_col = t_begin / k_tiles;
+  int cur_kt = t_begin - cur_col * k_tiles;
 #pragma unroll 1
   for (int it = 0; it < n_iter; ++it) {
     cp_async_wait<C::STAGES - 2>();  // stage `it` has landed (one commit per iteration, empty ones included)
     __syncthreads();                 // ... for every thread, and every thread is done with stage it - 1
     const int next = it + C::STAGES - 1;
-    if (next < n_iter) load_stage(smem + slot_next * C::STAGE, t_begin + next);
+    if (next < n_iter) load_stage(smem + slot_next * C::STAGE);
     cp_async_commit();
     compute_stage(smem + slot * C::STAGE);
     slot = slot + 1 == C::STAGES ? 0 : slot + 1;
     slot_next = slot_next + 1 == C::STAGES ? 0 : slot_next + 1;
-    const int tile = t_begin + it;
-    if ((tile + 1) % k_tiles == 0 || it + 1 == n_iter) {
-      finish(tile / k_tiles, seg_begin, tile + 1);
+    const bool strip_end = ++cur_kt == k_tiles;
+    if (strip_end || it + 1 == n_iter) {
+      const int tile = t_begin + it;
+      finish(cur_col, seg_begin, tile + 1);
       seg_begin = tile + 1;
+    }
+    if (strip_end) {
+      cur_kt = 0;
+      ++cur_col;
     }
   }
   cp_async_wait<0>();
