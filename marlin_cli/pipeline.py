@@ -94,11 +94,18 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
         )
 
     packed: dict[str, torch.Tensor] = {}
+    solved: list[str] = []
+    total = sum(r.status == "quantized" for r in plan.values())
+
+    def on_layer(name: str) -> None:
+        solved.append(name)
+        on_progress(Progress("layers", len(solved), total, name))
+
     with torch.no_grad():
         for b, block in enumerate(blocks):
             on_progress(Progress("quantize", b, len(blocks), f"block {b + 1}/{len(blocks)}"))
             block.to(device)
-            _quantize_block(f"{blocks_name}.{b}", block, inputs, job.quant, plan, packed)
+            _quantize_block(f"{blocks_name}.{b}", block, inputs, job.quant, plan, packed, on_layer)
             block.to("cpu")
         on_progress(Progress("quantize", len(blocks), len(blocks), "done"))
 
@@ -142,12 +149,13 @@ def _calibration_inputs(
     tokenizer = open_tokenizer(source)
     limit = max_positions(config)
     seqlen = min(job.calib.seqlen, limit) if limit else job.calib.seqlen
-    on_progress(Progress("calibrate", 0, 1, f"{job.calib.nsamples} x {seqlen} tokens from {job.calib.source}"))
+    what = f"{job.calib.nsamples} samples of at most {seqlen} tokens from {job.calib.source}"
+    on_progress(Progress("calibrate", 0, 1, what))
     samples = token_samples(load_texts(job.calib.source), tokenizer, job.calib.nsamples, seqlen, job.calib.seed)
     with torch.no_grad():
         inputs = capture_inputs(model, blocks_name, blocks, samples, device)
-    on_progress(Progress("calibrate", 1, 1, f"{job.calib.nsamples} x {seqlen} tokens from {job.calib.source}"))
-    return inputs, job.calib.nsamples * seqlen
+    on_progress(Progress("calibrate", 1, 1, what))
+    return inputs, sum(s.numel() for s in samples)
 
 
 def _quantize_block(
@@ -157,6 +165,7 @@ def _quantize_block(
     cfg: QuantConfig,
     plan: dict[str, LayerReport],
     packed: dict[str, torch.Tensor],
+    on_layer: Callable[[str], None],
 ) -> None:
     """Quantize one block in true-sequential order; then replace `inputs` by the quantized block's outputs."""
     linears = find_linears(block)
@@ -176,6 +185,7 @@ def _quantize_block(
                 report.reason = "not reached by the calibration data: RTN"
             result = _solve(linears[name], hessian, cfg, report)
             _pack(f"{prefix}.{name}", result, packed)
+            on_layer(f"{prefix}.{name}")
     if inputs is not None:
         for i in range(len(inputs.hidden)):
             inputs.hidden[i] = run_block(block, inputs, i)
