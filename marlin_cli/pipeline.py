@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ from marlin_cli.algo.rtn import rtn
 from marlin_cli.calib.capture import BlockInputs, capture_inputs, group_hessian, input_groups, run_block
 from marlin_cli.calib.data import load_texts, token_samples
 from marlin_cli.config import ActOrder, CalibConfig, Method, QuantConfig
-from marlin_cli.errors import ModelError, NumericalError
-from marlin_cli.formats import marlin
+from marlin_cli.errors import ModelError, NumericalError, UsageError
+from marlin_cli.formats import compressed_tensors, marlin
+from marlin_cli.formats import gptq as gptq_format
 from marlin_cli.io import checkpoint as ckpt
 from marlin_cli.model.layout import find_blocks, find_linears, in_out, set_weight_matrix, weight_matrix
 from marlin_cli.model.load import max_positions, open_model, open_tokenizer, resolve
@@ -38,6 +40,21 @@ class Progress:
 ProgressFn = Callable[[Progress], None]
 
 
+class OutputFormat(str, Enum):
+    MARLIN = "marlin"  # ours: .B/.s/.perm (DESIGN.md 3.1)
+    GPTQ = "gptq"  # qweight/qzeros/scales/g_idx, v1 zeros (DESIGN.md 3.3); vLLM serves it through its Marlin path
+    COMPRESSED = "compressed-tensors"  # pack-quantized (DESIGN.md 3.4); vLLM serves it directly
+
+
+def output_format(value: str) -> OutputFormat:
+    """The --format value as an OutputFormat; UsageError naming the choices otherwise."""
+    try:
+        return OutputFormat(value)
+    except ValueError:
+        choices = "|".join(f.value for f in OutputFormat)
+        raise UsageError(f"--format {value!r} is not one of {choices}") from None
+
+
 @dataclass
 class Job:
     """One `marlin quantize` (or RTN `marlin pack`) run."""
@@ -51,6 +68,10 @@ class Job:
     force: bool = False
     trust_remote_code: bool = False
     revision: str | None = None
+    format: OutputFormat = OutputFormat.MARLIN
+
+    def __post_init__(self) -> None:
+        self.format = output_format(self.format)
 
 
 @dataclass
@@ -77,6 +98,7 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
     model = loaded.model
     blocks_name, blocks = find_blocks(model)
     plan = _plan(blocks_name, blocks, job.quant)
+    check_format(job.format, job.quant, [find_linears(b) for b in blocks])
     if not any(r.status == "quantized" for r in plan.values()):
         reasons = sorted({r.reason for r in plan.values() if r.reason})
         raise ModelError(f"{source}: no layer has a shape the Marlin format accepts ({'; '.join(reasons)})")
@@ -105,7 +127,7 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
         for b, block in enumerate(blocks):
             on_progress(Progress("quantize", b, len(blocks), f"block {b + 1}/{len(blocks)}"))
             block.to(device)
-            _quantize_block(f"{blocks_name}.{b}", block, inputs, job.quant, plan, packed, on_layer)
+            _quantize_block(f"{blocks_name}.{b}", block, inputs, job, plan, packed, on_layer)
             block.to("cpu")
         on_progress(Progress("quantize", len(blocks), len(blocks), "done"))
 
@@ -113,6 +135,7 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
         "marlin_cli_version": __version__,
         "model": job.model,
         "source": str(source),
+        "format": job.format.value,
         "quantization": job.quant.to_dict(),
         "calibration": {**job.calib.to_dict(), "tokens": tokens} if inputs is not None else None,
         "device": str(device),
@@ -162,12 +185,13 @@ def _quantize_block(
     prefix: str,
     block: nn.Module,
     inputs: BlockInputs | None,
-    cfg: QuantConfig,
+    job: Job,
     plan: dict[str, LayerReport],
     packed: dict[str, torch.Tensor],
     on_layer: Callable[[str], None],
 ) -> None:
     """Quantize one block in true-sequential order; then replace `inputs` by the quantized block's outputs."""
+    cfg = job.quant
     linears = find_linears(block)
     groups = input_groups(block, linears, inputs) if inputs is not None else [[n] for n in linears]
     unreached = [n for n in linears if not any(n in g for g in groups)]
@@ -184,7 +208,7 @@ def _quantize_block(
             if inputs is not None and hessian is None:
                 report.reason = "not reached by the calibration data: RTN"
             result = _solve(linears[name], hessian, cfg, report)
-            _pack(f"{prefix}.{name}", result, packed)
+            packed.update(pack_layer(job.format, f"{prefix}.{name}", result))
             on_layer(f"{prefix}.{name}")
     if inputs is not None:
         for i in range(len(inputs.hidden)):
@@ -215,15 +239,90 @@ def _solve(module: nn.Module, hessian: Hessian | None, cfg: QuantConfig, report:
     return result
 
 
-def _pack(name: str, result: QuantResult, packed: dict[str, torch.Tensor]) -> None:
-    packed[f"{name}.B"] = marlin.pack_weight(result.codes.cpu())
-    packed[f"{name}.s"] = marlin.pack_scales(result.scales.cpu())
+def _pack_marlin(result: QuantResult) -> dict[str, torch.Tensor]:
+    out = {"B": marlin.pack_weight(result.codes), "s": marlin.pack_scales(result.scales)}
     if result.perm is not None:
-        packed[f"{name}.perm"] = result.perm.cpu().to(torch.int32)
+        out["perm"] = result.perm.to(torch.int32)
+    return out
 
 
-def quantization_config(cfg: QuantConfig, plan: dict[str, LayerReport]) -> dict[str, Any]:
-    """The `quantization_config` entry of config.json: what a reader needs to interpret the tensors."""
+def _layer(result: QuantResult) -> gptq_format.Layer:
+    return gptq_format.Layer(result.codes, result.scales, result.perm)
+
+
+# One packing step for every output format: per-layer tensors, named relative to the layer.
+PACKERS: dict[OutputFormat, Callable[[QuantResult], dict[str, torch.Tensor]]] = {
+    OutputFormat.MARLIN: _pack_marlin,
+    OutputFormat.GPTQ: lambda r: gptq_format.to_gptq(_layer(r), "gptq"),
+    OutputFormat.COMPRESSED: lambda r: compressed_tensors.to_compressed(_layer(r)),
+}
+
+
+def pack_layer(fmt: OutputFormat, name: str, result: QuantResult) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors of one quantized layer in `fmt`, named `<name>.<tensor>`."""
+    cpu = QuantResult(result.codes.cpu(), result.scales.cpu(), None if result.perm is None else result.perm.cpu())
+    return {f"{name}.{key}": t for key, t in PACKERS[OutputFormat(fmt)](cpu).items()}
+
+
+def check_format(fmt: OutputFormat, cfg: QuantConfig, linears: list[dict[str, nn.Module]]) -> None:
+    """Refuse, before any work, settings that `fmt` cannot carry."""
+    if fmt is not OutputFormat.COMPRESSED:
+        return
+    if cfg.act_order is ActOrder.GROUP:
+        raise UsageError(
+            "--format compressed-tensors with --act-order group: compressed-tensors (0.20 and later) no longer reads "
+            "actorder 'group' (weight_g_idx); use --act-order static (same accuracy gain, no permutation) or "
+            "--format gptq, whose desc_act layout vLLM still serves"
+        )
+    conv = sorted({type(m).__name__ for block in linears for m in block.values() if not isinstance(m, nn.Linear)})
+    if conv:
+        raise UsageError(
+            f"--format compressed-tensors targets torch Linear layers, but this model's layers are {', '.join(conv)} "
+            "(weights stored transposed); use --format gptq or marlin"
+        )
+
+
+def quantization_config(
+    cfg: QuantConfig,
+    plan: dict[str, LayerReport],
+    fmt: OutputFormat = OutputFormat.MARLIN,
+    ignore: list[str] | None = None,
+) -> dict[str, Any]:
+    """The `quantization_config` entry of config.json for `fmt`; `ignore`: unquantized Linear modules."""
+    if fmt is OutputFormat.GPTQ:
+        return {
+            "quant_method": "gptq",
+            "checkpoint_format": "gptq",  # v1 zeros (stored minus one), what every GPTQ reader takes
+            "bits": cfg.bits,
+            "group_size": cfg.group_size,
+            "desc_act": cfg.act_order is ActOrder.GROUP,  # True: g_idx is not monotone
+            "sym": True,
+            "static_groups": False,
+            "true_sequential": True,
+            "lm_head": False,
+        }
+    if fmt is OutputFormat.COMPRESSED:
+        weights = {
+            "num_bits": cfg.bits,
+            "type": "int",
+            "symmetric": True,
+            "strategy": "channel" if cfg.group_size == -1 else "group",
+            "group_size": None if cfg.group_size == -1 else cfg.group_size,
+            "actorder": {ActOrder.STATIC: "weight", ActOrder.GROUP: "group"}.get(cfg.act_order),
+            "dynamic": False,
+            "observer": "minmax",
+        }
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
+            "ignore": sorted(ignore or []),
+        }
+    return _marlin_config(cfg, plan)
+
+
+def _marlin_config(cfg: QuantConfig, plan: dict[str, LayerReport]) -> dict[str, Any]:
     quantized = {r.name: [r.in_features, r.out_features] for r in plan.values() if r.status == "quantized"}
     return {
         "quant_method": "marlin",
@@ -265,8 +364,12 @@ def _write(
         sums = ckpt.write_shards(tmp, sorted(tensors), tensors.__getitem__, sizes, job.max_shard_size)
         loaded.config.save_pretrained(tmp)
         data = json.loads((tmp / "config.json").read_text())
-        data["quantization_config"] = quantization_config(job.quant, plan)
+        done = {r.name for r in plan.values() if r.status == "quantized"}
+        ignore = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in done]
+        data["quantization_config"] = quantization_config(job.quant, plan, job.format, ignore)
         ckpt.write_json(tmp / "config.json", data)
+        if job.format is OutputFormat.GPTQ:  # older GPTQ readers look here instead of config.json
+            ckpt.write_json(tmp / "quantize_config.json", data["quantization_config"])
         copied = ckpt.copy_side_files(loaded.path, tmp)
         quantized = [r for r in plan.values() if r.status == "quantized"]
         err = sum(r.error or 0 for r in quantized)

@@ -22,7 +22,10 @@ def describe(path: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         raise CheckpointError(f"{path / 'config.json'}: missing or not JSON") from None
     qc = config.get("quantization_config") or {}
+    if not qc and (path / "quantize_config.json").is_file():  # older GPTQ writers keep it only there
+        qc = json.loads((path / "quantize_config.json").read_text())
     layers = qc.get("quantized_modules") or {}
+    settings = _settings(qc, store)
     dtypes: dict[str, int] = {}
     for name in store.names():
         entry = store.entry(name)
@@ -30,18 +33,58 @@ def describe(path: Path) -> dict[str, Any]:
     return {
         "path": str(path),
         "architecture": (config.get("architectures") or ["?"])[0],
-        "format": qc.get("format", qc.get("quant_method", "dense")),
-        "bits": qc.get("bits"),
-        "group_size": qc.get("group_size"),
-        "act_order": qc.get("act_order"),
-        "method": qc.get("method"),
-        "quantized_layers": {name: {"in_features": k, "out_features": n} for name, (k, n) in layers.items()},
-        "ignored_layers": qc.get("ignored_modules", {}),
+        **settings,
+        "quantized_layers": {name: {"in_features": k, "out_features": n} for name, (k, n) in layers.items()}
+        or _layers_from_tensors(store, settings),
+        "ignored_layers": qc.get("ignored_modules", {k: "ignored" for k in qc.get("ignore", [])}),
         "tensors": len(store.names()),
         "tensor_dtypes": dtypes,
         "files": len(store.headers),
         "bytes": store.nbytes(),
     }
+
+
+def _settings(qc: dict[str, Any], store: Checkpoint) -> dict[str, Any]:
+    """format, bits, group_size, act_order, method of a Marlin, GPTQ or compressed-tensors config."""
+    method = qc.get("quant_method")
+    if method == "gptq" or (method is None and "bits" in qc and "desc_act" in qc):
+        return {
+            "format": f"gptq ({qc.get('checkpoint_format', 'gptq')} zeros, sym {qc.get('sym')})",
+            "bits": qc.get("bits"),
+            "group_size": qc.get("group_size"),
+            "act_order": "desc_act" if qc.get("desc_act") else "none",
+            "method": "gptq",
+        }
+    if method == "compressed-tensors":
+        w = next(iter((qc.get("config_groups") or {}).values()), {}).get("weights") or {}
+        return {
+            "format": f"compressed-tensors ({qc.get('format')}, symmetric {w.get('symmetric')})",
+            "bits": w.get("num_bits"),
+            "group_size": -1 if w.get("strategy") == "channel" else w.get("group_size"),
+            "act_order": w.get("actorder") or "none",
+            "method": None,
+        }
+    return {
+        "format": qc.get("format", method or "dense"),
+        "bits": qc.get("bits"),
+        "group_size": qc.get("group_size"),
+        "act_order": qc.get("act_order"),
+        "method": qc.get("method"),
+    }
+
+
+def _layers_from_tensors(store: Checkpoint, settings: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Quantized layers of a GPTQ (qweight (K*bits/32, N)) or compressed-tensors (weight_packed (N, K*bits/32))
+    checkpoint, read from the tensor headers."""
+    per_word = 32 // int(settings.get("bits") or 4)
+    layers = {}
+    for name in store.names():
+        shape = store.entry(name)["shape"]
+        if name.endswith(".qweight"):
+            layers[name.removesuffix(".qweight")] = {"in_features": shape[0] * per_word, "out_features": shape[1]}
+        elif name.endswith(".weight_packed"):
+            layers[name.removesuffix(".weight_packed")] = {"in_features": shape[1] * per_word, "out_features": shape[0]}
+    return layers
 
 
 def inspect_command(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -19,12 +20,22 @@ from marlin_cli.cli.common import (
 )
 from marlin_cli.config import CalibConfig, QuantConfig, read_preset
 from marlin_cli.io.checkpoint import parse_size
-from marlin_cli.pipeline import Job, quantize
+from marlin_cli.pipeline import Job, OutputFormat, quantize
+
+FormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="Checkpoint format: marlin (ours, our kernel and MarlinLinear), gptq (qweight/qzeros/scales/g_idx, "
+        "served by vLLM and read by transformers), compressed-tensors (pack-quantized, served by vLLM).",
+    ),
+]
 
 EXAMPLES = (
     "Examples:  marlin quantize minilm out/minilm-w4  (bundled MiniLM, embedded calibration text)  |  "
     "marlin quantize ./llama out/llama-w4 --clip --act-order group  |  "
-    "marlin quantize ./my-model out/w4 --calib data.jsonl --nsamples 256"
+    "marlin quantize ./my-model out/w4 --calib data.jsonl --nsamples 256  |  "
+    "marlin quantize ./llama out/llama-gptq --format gptq  (for vLLM)"
 )
 
 
@@ -75,6 +86,7 @@ def quantize_command(
         bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code to run (off by default).")
     ] = False,
     revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) of MODEL.")] = None,
+    output_format: FormatOpt = OutputFormat.MARLIN.value,
     force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -92,19 +104,22 @@ def quantize_command(
         force=force,
         trust_remote_code=trust_remote_code,
         revision=revision,
+        format=output_format,  # type: ignore[arg-type]  # validated by Job
     )
     run_job(job, json_out)
 
 
-def run_job(job: Job, json_out: bool) -> None:
-    """Run a quantize or pack job with progress bars, then print the summary (table, or JSON on stdout)."""
+def run_job(job: Any, json_out: bool, runner: Callable[..., dict[str, Any]] | None = None) -> None:
+    """Run a quantize or pack job (`runner`, default the quantize pipeline) with progress bars, then print the
+    summary (table, or JSON on stdout)."""
     with ProgressView(enabled=not json_out) as view:
-        report = quantize(job, view)
+        report = (runner or quantize)(job, view)
     if json_out:
         print_json(report)
         return
     table = Table(
-        title=f"{job.output}: {report['quantization']['method']} 4-bit, group {report['quantization']['group_size']}"
+        title=f"{job.output}: {report['quantization']['method']} 4-bit, group {report['quantization']['group_size']}, "
+        f"{report.get('format', 'marlin')} format"
     )
     for col in ("layer", "shape (K x N)", "method", "error", "RTN error", "note"):
         table.add_column(col, overflow="fold")
@@ -116,6 +131,8 @@ def run_job(job: Job, json_out: bool) -> None:
     err_console.print(table)
     s = report["summary"]
     ratio = f"{s['error_vs_rtn']:.3f}x RTN" if s["error_vs_rtn"] is not None else "n/a"
+    if "source_format" in report:  # a conversion: exact, or re-quantized with an added error
+        ratio = f"{s['error_sum']:.4g} added by --requantize" if report["requantized"] else "0 (codes copied exactly)"
     err_console.print(
         f"{s['quantized']} layers quantized, {s['kept']} kept; summed error {ratio}; "
         f"{s['bytes'] / 1e6:.1f} MB written to {job.output} in {s['seconds']:.1f} s"

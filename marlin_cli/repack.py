@@ -1,0 +1,243 @@
+"""Convert an already-quantized checkpoint (GPTQ, compressed-tensors pack-quantized) layer by layer, no calibration.
+
+Symmetric 4-bit layers convert exactly (codes copied, scales unchanged); anything else needs `requantize`, which
+re-quantizes the dequantized weights with RTN and reports the added error. Reports progress, never prints.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from marlin_cli import __version__
+from marlin_cli.algo.result import QuantResult
+from marlin_cli.algo.rtn import rtn
+from marlin_cli.config import ActOrder, Method, QuantConfig
+from marlin_cli.errors import CheckpointError, MarlinError, UsageError
+from marlin_cli.formats import compressed_tensors, gptq, marlin
+from marlin_cli.io import checkpoint as ckpt
+from marlin_cli.pipeline import LayerReport, OutputFormat, Progress, ProgressFn, check_format, pack_layer
+from marlin_cli.pipeline import quantization_config as make_config
+
+GPTQ, COMPRESSED = "gptq", "compressed-tensors"
+KEYS = {GPTQ: ("qweight", gptq.TENSORS), COMPRESSED: ("weight_packed", compressed_tensors.TENSORS)}
+
+
+@dataclass
+class RepackJob:
+    source: Path
+    output: Path
+    format: OutputFormat = OutputFormat.MARLIN
+    requantize: bool = False
+    group_size: int = 128  # only with requantize
+    max_shard_size: int = 5 * 10**9
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Source:
+    """What kind of quantized checkpoint a directory holds, and the per-layer settings that matter."""
+
+    kind: str  # GPTQ or COMPRESSED
+    bits: int
+    sym: bool
+    checkpoint_format: str  # GPTQ zero convention: "gptq" (v1) or "gptq_v2"
+    group_size: int | None  # from the config (-1: one group per layer); None when it does not say
+
+
+def source_format(path: Path) -> Source | None:
+    """The quantized format of the checkpoint in `path`, or None for a dense one; CheckpointError if unsupported."""
+    qc = _read(path / "config.json").get("quantization_config") or _read(path / "quantize_config.json")
+    if not qc:
+        return None
+    method = str(qc.get("quant_method", "gptq" if "bits" in qc else "")).lower()
+    if method == GPTQ:
+        fmt = qc.get("checkpoint_format", "gptq")
+        size = qc.get("group_size")
+        return Source(GPTQ, int(qc.get("bits", 4)), bool(qc.get("sym", True)), fmt, None if size is None else int(size))
+    if method == COMPRESSED:
+        if qc.get("format") != "pack-quantized":
+            raise CheckpointError(
+                f"{path}: compressed-tensors format {qc.get('format')!r}; only pack-quantized converts"
+            )
+        weights = [g.get("weights") or {} for g in (qc.get("config_groups") or {}).values()]
+        if len({json.dumps(w, sort_keys=True) for w in weights}) != 1:
+            raise CheckpointError(f"{path}: compressed-tensors config_groups must share one weights scheme")
+        w = weights[0]
+        size = -1 if w.get("strategy") == "channel" else w.get("group_size")
+        return Source(COMPRESSED, int(w.get("num_bits", 4)), bool(w.get("symmetric", True)), "", size)
+    if method == "marlin":
+        raise CheckpointError(f"{path}: already a Marlin checkpoint; nothing to convert")
+    raise CheckpointError(f"{path}: quant_method {method!r} is not one marlin reads (gptq, compressed-tensors)")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError):
+        raise CheckpointError(f"{path}: not valid JSON") from None
+    return data if isinstance(data, dict) else {}
+
+
+def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str, Any]:
+    """Convert the checkpoint; returns the report (also written as quantization_report.json)."""
+    started = time.perf_counter()
+    ckpt.check_output(job.output, job.force, [job.source])
+    src = source_format(job.source)
+    if src is None:
+        raise UsageError(f"{job.source}: not a GPTQ or compressed-tensors checkpoint")
+    store = ckpt.Checkpoint(job.source)
+    marker, suffixes = KEYS[src.kind]
+    prefixes = sorted(n.removesuffix(f".{marker}") for n in store.names() if n.endswith(f".{marker}"))
+    if not prefixes:
+        raise CheckpointError(f"{job.source}: quantization_config says {src.kind}, but no tensor ends in .{marker}")
+    plan: dict[str, LayerReport] = {}
+    results: dict[str, QuantResult] = {}
+    dense: dict[str, torch.Tensor] = {}
+    for i, prefix in enumerate(prefixes):
+        on_progress(Progress("layers", i, len(prefixes), prefix))
+        tensors = {s: store.tensor(f"{prefix}.{s}") for s in suffixes if f"{prefix}.{s}" in store.file_of}
+        report, result, weight = _convert(src, prefix, tensors, job)
+        plan[prefix] = report
+        if result is not None:
+            results[prefix] = result
+        else:
+            dense[f"{prefix}.weight"] = weight.to(tensors.get("scales", tensors.get("weight_scale")).dtype)
+    on_progress(Progress("layers", len(prefixes), len(prefixes), "done"))
+    if not results:
+        raise CheckpointError(f"{job.source}: no layer has a shape the Marlin format accepts")
+    cfg = _settings(job, src, results)
+    check_format(job.format, cfg, [])
+    if cfg.act_order is ActOrder.GROUP and job.format is OutputFormat.MARLIN:
+        for name, r in results.items():  # desc_act applies to every layer of a Marlin checkpoint
+            if r.perm is None:
+                results[name] = QuantResult(r.codes, r.scales, torch.arange(r.codes.shape[0]))
+    packed: dict[str, torch.Tensor] = {}
+    for name, r in results.items():
+        packed.update(pack_layer(job.format, name, r))
+    source_names = {f"{p}.{s}" for p in prefixes for s in suffixes}
+    tensors = {n: store.tensor(n) for n in store.names() if n not in source_names}
+    tensors.update(dense)
+    tensors.update(packed)
+    ignore = sorted(n.removesuffix(".weight") for n, t in tensors.items() if n.endswith(".weight") and t.dim() == 2)
+    report = {
+        "marlin_cli_version": __version__,
+        "model": str(job.source),
+        "source": str(job.source),
+        "source_format": asdict(src),
+        "format": job.format.value,
+        "quantization": cfg.to_dict(),
+        "requantized": job.requantize,
+        "layers": [asdict(r) for r in plan.values()],
+    }
+    on_progress(Progress("write", 0, 1, str(job.output)))
+    _write(job, tensors, make_config(cfg, plan, job.format, ignore), plan, report, started)
+    on_progress(Progress("write", 1, 1, str(job.output)))
+    return report
+
+
+def _convert(
+    src: Source, prefix: str, tensors: dict[str, torch.Tensor], job: RepackJob
+) -> tuple[LayerReport, QuantResult | None, torch.Tensor]:
+    """One layer: its report, our QuantResult (None when its shape stays dense) and its dequantized (N, K) weight."""
+    started = time.perf_counter()
+    if src.kind == GPTQ:
+        weight = gptq.dequantize(tensors, prefix, src.bits, src.checkpoint_format)
+    else:
+        weight = compressed_tensors.dequantize(tensors, prefix, src.bits)
+    n, k = weight.shape
+    report = LayerReport(prefix, k, n, "quantized")
+    groups = (tensors["scales"].shape[0] if src.kind == GPTQ else tensors["weight_scale"].shape[1]) or 1
+    g = job.group_size if job.requantize else _group_size(src, prefix, k, groups)
+    problem = marlin.shape_problem(k, n, g)
+    if problem is not None and (job.requantize or "group size" not in problem):
+        report.status, report.reason = "kept", f"{problem}: stored dequantized"
+        return report, None, weight
+    if problem is not None:
+        raise CheckpointError(f"{prefix}: {problem}; re-quantize with --requantize (and --group-size)")
+    if job.requantize:
+        result = rtn(weight, g)
+        report.method = "rtn"
+        report.error = report.rtn_error = float((weight - result.weight()).square().sum() / weight.square().sum())
+    else:
+        try:
+            if src.kind == GPTQ:
+                layer = gptq.from_gptq(tensors, prefix, src.bits, src.checkpoint_format)
+            else:
+                layer = compressed_tensors.from_compressed(tensors, prefix, src.bits, src.sym)
+        except MarlinError as e:
+            raise CheckpointError(f"{job.source}: {e}") from None
+        result = QuantResult(layer.codes, layer.scales, layer.perm)
+        if not torch.equal(result.weight(), weight):  # the conversion must not change a single weight
+            raise CheckpointError(f"{prefix}: converted weights differ from the source's; this is a bug, report it")
+        report.method, report.error, report.rtn_error = "copied", 0.0, None
+    report.seconds = round(time.perf_counter() - started, 4)
+    return report, result, weight
+
+
+def _group_size(src: Source, prefix: str, k: int, groups: int) -> int:
+    """The layer's group size: the config's when it agrees with the scales, else what the scales imply."""
+    if src.group_size is not None:
+        if groups != (1 if src.group_size in (-1, k) else k // src.group_size):
+            raise CheckpointError(
+                f"{prefix}: {groups} scale groups disagree with the config's group_size {src.group_size}"
+            )
+        return -1 if src.group_size == k else src.group_size
+    return -1 if groups == 1 else k // groups
+
+
+def _settings(job: RepackJob, src: Source, results: dict[str, QuantResult]) -> QuantConfig:
+    """The one group size and act-order the converted layers share (a checkpoint's config holds one of each)."""
+    if job.requantize:
+        sizes = {job.group_size}
+    elif src.group_size is not None:
+        sizes = {src.group_size}
+    else:
+        sizes = {-1 if r.scales.shape[0] == 1 else r.codes.shape[0] // r.scales.shape[0] for r in results.values()}
+    if len(sizes) > 1:
+        raise CheckpointError(f"{job.source}: layers use group sizes {sorted(sizes)}; re-quantize with --requantize")
+    permuted = any(r.perm is not None for r in results.values())
+    return QuantConfig(
+        group_size=sizes.pop(),
+        act_order=ActOrder.GROUP if permuted else ActOrder.NONE,
+        method=Method.RTN if job.requantize else Method.GPTQ,
+    )
+
+
+def _write(
+    job: RepackJob,
+    tensors: dict[str, torch.Tensor],
+    qc: dict[str, Any],
+    plan: dict[str, LayerReport],
+    report: dict[str, Any],
+    started: float,
+) -> None:
+    sizes = {n: t.numel() * t.element_size() for n, t in tensors.items()}
+    config = _read(job.source / "config.json")
+    with ckpt.staging_dir(job.output, job.force) as tmp:
+        sums = ckpt.write_shards(tmp, sorted(tensors), tensors.__getitem__, sizes, job.max_shard_size)
+        config["quantization_config"] = qc
+        ckpt.write_json(tmp / "config.json", config)
+        if job.format is OutputFormat.GPTQ:
+            ckpt.write_json(tmp / "quantize_config.json", qc)
+        copied = ckpt.copy_side_files(job.source, tmp)
+        quantized = [r for r in plan.values() if r.status == "quantized"]
+        err = sum(r.error or 0 for r in quantized)
+        report["files"] = {"shards": sums, "copied": copied}
+        report["summary"] = {
+            "quantized": len(quantized),
+            "kept": len(plan) - len(quantized),
+            "error_sum": err,  # added by --requantize (0 for an exact conversion)
+            "rtn_error_sum": err if job.requantize else None,
+            "error_vs_rtn": None,
+            "bytes": sum(sizes.values()),
+            "seconds": round(time.perf_counter() - started, 2),
+        }
+        ckpt.write_json(tmp / ckpt.REPORT, report)

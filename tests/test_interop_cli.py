@@ -1,0 +1,219 @@
+"""Interop through the CLI: --format exports read back by the compressed-tensors package, round trips through
+GPTQ and compressed-tensors, and a GPTQ checkpoint written by the format's rules converted with `marlin pack`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from marlin_cli.io.checkpoint import Checkpoint
+from marlin_cli.nn import MarlinLinear, load_quantized
+
+FAST = ["--nsamples", "8", "--seqlen", "64"]
+SETTINGS = [(g, a) for g in (-1, 32, 64, 128) for a in ("none", "static")]
+IDS = [f"g{g}-{a}" for g, a in SETTINGS]
+
+
+def quantize(run_cli, source: Path, out: Path, *args: str) -> Path:  # noqa: ANN001
+    code, _, stderr = run_cli("quantize", source, out, *FAST, *args)
+    assert code == 0, stderr
+    return out
+
+
+def tensors(path: Path) -> dict[str, torch.Tensor]:
+    store = Checkpoint(path)
+    return {name: store.tensor(name) for name in store.names()}
+
+
+def marlin_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Dequantized (N, K) float32 weights of every quantized layer of our checkpoint, read through MarlinLinear."""
+    model = load_quantized(path)
+    return {name: m.dequantized_weight() for name, m in model.named_modules() if isinstance(m, MarlinLinear)}
+
+
+@pytest.mark.parametrize("group_size,act_order", SETTINGS, ids=IDS)
+def test_compressed_tensors_package_reads_our_export(group_size: int, act_order: str, tiny_models, run_cli, tmp_path):  # noqa: ANN001
+    """transformers' compressed-tensors integration (the compressed-tensors package) loads and decompresses our
+    export; its weights equal ours exactly: in fp16 through the model loader, in float32 through the compressor."""
+    ct_pkg = pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    args = ["--group-size", str(group_size), "--act-order", act_order]
+    ours = quantize(run_cli, tiny_models("llama"), tmp_path / "marlin", *args)
+    export = quantize(run_cli, tiny_models("llama"), tmp_path / "ct", *args, "--format", "compressed-tensors")
+    want = marlin_weights(ours)
+
+    model = AutoModelForCausalLM.from_pretrained(export, quantization_config=CompressedTensorsConfig(dequantize=True))
+    for name, w in want.items():
+        got = model.get_submodule(name).weight
+        assert got.dtype == torch.float16 and torch.equal(got, w.half()), f"{name} ({ct_pkg.__version__})"
+
+    qc = QuantizationConfig.model_validate(json.loads((export / "config.json").read_text())["quantization_config"])
+    scheme = qc.config_groups["group_0"]
+    compressor = BaseCompressor.get_value_from_registry(qc.format)
+    state = tensors(export)
+    for name, w in want.items():
+        local = {k.removeprefix(f"{name}."): v for k, v in state.items() if k.startswith(f"{name}.weight_")}
+        local["weight_scale"] = local["weight_scale"].float()  # float32 dequant: exact, no fp16 rounding
+        assert torch.equal(compressor.decompress(local, scheme)["weight"], w), name
+
+    # ours -> compressed-tensors -> ours: the same tensors, bit for bit
+    back = tmp_path / "back"
+    code, _, stderr = run_cli("pack", export, back)
+    assert code == 0, stderr
+    direct, converted = tensors(ours), tensors(back)
+    assert set(direct) == set(converted)
+    assert all(torch.equal(direct[k], converted[k]) for k in direct)
+
+
+@pytest.mark.parametrize(
+    "group_size,act_order", [*SETTINGS, (128, "group"), (32, "group")], ids=[*IDS, "g128-group", "g32-group"]
+)
+def test_gptq_export_round_trip(group_size: int, act_order: str, tiny_models, run_cli, tmp_path):  # noqa: ANN001
+    """ours -> gptq -> ours. Without a permutation every tensor comes back bit for bit. With act-order group the
+    codes of every input row, the scales and the dequantized weights come back exactly; the rows inside a group are
+    stored in input order (GPTQ's g_idx does not record the solve order within a group)."""
+    args = ["--group-size", str(group_size), "--act-order", act_order]
+    ours = quantize(run_cli, tiny_models("llama"), tmp_path / "marlin", *args)
+    export = quantize(run_cli, tiny_models("llama"), tmp_path / "gptq", *args, "--format", "gptq")
+    qc = json.loads((export / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "gptq" and qc["sym"] is True and qc["desc_act"] == (act_order == "group")
+    assert qc["bits"] == 4 and qc["group_size"] == group_size
+    back = tmp_path / "back"
+    code, _, stderr = run_cli("pack", export, back)
+    assert code == 0, stderr
+    assert run_cli("verify", back)[0] == 0
+    direct, converted = tensors(ours), tensors(back)
+    assert set(direct) == set(converted)
+    for name in direct:
+        if act_order != "group" or not name.endswith((".B", ".perm")):
+            assert torch.equal(direct[name], converted[name]), name
+    want, got = marlin_weights(ours), marlin_weights(back)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_gptq_export_read_by_compressed_tensors_unpacking(tiny_models, run_cli, tmp_path):  # noqa: ANN001
+    """An independent reader of our GPTQ tensors: the compressed-tensors package's own int32 unpacking (qweight is
+    its weight_packed transposed). transformers' GPTQ integration needs gptqmodel/optimum kernels that do not
+    install on a CPU-only machine, so it is not used here."""
+    helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
+    ours = quantize(run_cli, tiny_models("llama"), tmp_path / "marlin", "--group-size", "64")
+    export = quantize(run_cli, tiny_models("llama"), tmp_path / "gptq", "--group-size", "64", "--format", "gptq")
+    state = tensors(export)
+    for name, w in marlin_weights(ours).items():
+        n, k = w.shape
+        q = helpers.unpack_from_int32(state[f"{name}.qweight"].T.contiguous(), 4, torch.Size([n, k]))  # signed
+        g_idx = state[f"{name}.g_idx"].long()
+        assert torch.equal(q.float() * state[f"{name}.scales"].float().T[:, g_idx], w), name
+        assert (state[f"{name}.qzeros"].view(torch.uint32) == 0x77777777).all(), "v1 zeros: 8 - 1 in every nibble"
+
+
+# --- a GPTQ checkpoint from elsewhere -----------------------------------------------------------------------------
+
+
+def write_foreign_gptq(source: Path, out: Path, zero_format: str, desc_act: bool, asym: bool = False) -> dict:
+    """Write a GPTQ checkpoint of `source` by the format's own rules (DESIGN.md 3.3), independently of marlin's code:
+    GPTQModel and AutoGPTQ do not install on the CPU-only test machine, so their writer cannot run here.
+
+    Per Linear layer of the blocks: absmax scales per group of 64 input rows (rows assigned to groups through a
+    shuffled g_idx when desc_act), codes round(w / s) + zero, 8 codes per int32 along K, zeros packed along N and
+    stored minus one for the original ("gptq") convention. Returns {layer: dequantized (N, K) float32 weight}."""
+    state = load_file(next(source.glob("*.safetensors")))
+    config = json.loads((source / "config.json").read_text())
+    g, gen, dense, out_state = 64, torch.Generator().manual_seed(7), {}, {}
+    for name, t in state.items():
+        prefix = name.removesuffix(".weight")
+        if not (name.endswith("_proj.weight") and ".layers." in name):
+            out_state[name] = t
+            continue
+        w = t.float()  # (N, K)
+        n, k = w.shape
+        g_idx = torch.arange(k) // g
+        if desc_act:
+            g_idx = g_idx[torch.randperm(k, generator=gen)]
+        zero = torch.randint(5, 11, (k // g, n), generator=gen) if asym else torch.full((k // g, n), 8)
+        scales = torch.zeros(k // g, n)
+        for grp in range(k // g):
+            scales[grp] = w[:, g_idx == grp].abs().amax(1) / 7
+        scales = scales.half().float()
+        q = torch.clamp(torch.round(w.T / scales[g_idx]) + zero[g_idx], 0, 15).long()  # (K, N)
+        dense[prefix] = ((q - zero[g_idx]) * scales[g_idx]).T
+        qweight = torch.zeros(k // 8, n, dtype=torch.int64)
+        for i in range(8):
+            qweight |= q[i::8] << (4 * i)
+        stored = zero - (1 if zero_format == "gptq" else 0)
+        qzeros = torch.zeros(k // g, n // 8, dtype=torch.int64)
+        for i in range(8):
+            qzeros |= stored[:, i::8] << (4 * i)
+        out_state[f"{prefix}.qweight"] = qweight.to(torch.uint32).view(torch.int32)
+        out_state[f"{prefix}.qzeros"] = qzeros.to(torch.uint32).view(torch.int32)
+        out_state[f"{prefix}.scales"] = scales.half()
+        out_state[f"{prefix}.g_idx"] = g_idx.to(torch.int32)
+    out.mkdir()
+    save_file(out_state, out / "model.safetensors", metadata={"format": "pt"})
+    config["quantization_config"] = {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": g,
+        "desc_act": desc_act,
+        "sym": not asym,
+        "checkpoint_format": zero_format,
+    }
+    (out / "config.json").write_text(json.dumps(config))
+    for f in source.glob("tokenizer*"):
+        (out / f.name).write_bytes(f.read_bytes())
+    return dense
+
+
+@pytest.mark.parametrize("desc_act", [False, True], ids=["natural", "desc_act"])
+@pytest.mark.parametrize("zero_format", ["gptq", "gptq_v2"])
+def test_foreign_gptq_checkpoint_converts(zero_format: str, desc_act: bool, tiny_models, run_cli, tmp_path):  # noqa: ANN001
+    source = tmp_path / "foreign"
+    dense = write_foreign_gptq(tiny_models("llama"), source, zero_format, desc_act)
+    code, stdout, _ = run_cli("inspect", source, "--json")
+    info = json.loads(stdout)
+    assert code == 0 and info["format"].startswith("gptq") and len(info["quantized_layers"]) == len(dense)
+    out = tmp_path / "marlin"
+    code, stdout, stderr = run_cli("pack", source, out, "--json")
+    assert code == 0, stderr
+    assert json.loads(stdout)["summary"]["error_sum"] == 0
+    assert run_cli("verify", out)[0] == 0
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["desc_act"] == desc_act and qc["group_size"] == 64
+    model = load_quantized(out)
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(0))
+    for name, w in dense.items():
+        layer = model.get_submodule(name)
+        x_k = torch.randn(5, w.shape[1], generator=torch.Generator().manual_seed(1)) if w.shape[1] != 128 else x
+        assert torch.equal(layer.dequantized_weight(), w), name
+        torch.testing.assert_close(layer(x_k), x_k @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_asymmetric_gptq_refused_unless_requantize(tiny_models, run_cli, tmp_path):  # noqa: ANN001
+    source = tmp_path / "asym"
+    dense = write_foreign_gptq(tiny_models("llama"), source, "gptq", desc_act=False, asym=True)
+    out = tmp_path / "marlin"
+    code, _, stderr = run_cli("pack", source, out)
+    assert code == 2 and "qzeros" in stderr and "--requantize" in stderr
+    assert not out.exists() and not list(tmp_path.glob(".marlin*")), "nothing is left behind"
+    code, stdout, stderr = run_cli("pack", source, out, "--requantize", "--group-size", "32", "--json")
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    assert report["requantized"] and all(0 < layer["error"] < 0.05 for layer in report["layers"])
+    assert len(report["layers"]) == len(dense) and run_cli("verify", out)[0] == 0
+
+
+def test_compressed_tensors_refuses_act_order_group(tiny_models, run_cli, tmp_path):  # noqa: ANN001
+    out = tmp_path / "ct"
+    code, _, stderr = run_cli(
+        "quantize", tiny_models("llama"), out, *FAST, "--act-order", "group", "--format", "compressed-tensors"
+    )
+    assert code == 2 and "--act-order static" in stderr and not out.exists()
+    code, _, stderr = run_cli("pack", tiny_models("llama"), out, "--format", "awq")
+    assert code == 2 and "--format 'awq'" in stderr
