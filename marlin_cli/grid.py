@@ -9,9 +9,14 @@ MAXQ = 2**BITS - 1  # largest code
 ZERO = 2 ** (BITS - 1)  # code of the value 0
 
 
+def round_signed(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Signed grid steps code - ZERO (-8..7) of `w` on the grid of `scale`, in the dtype of `w`."""
+    return torch.clamp(torch.round(w / scale), -ZERO, MAXQ - ZERO)
+
+
 def encode(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Codes (same shape as `w`, uint8) of `w` on the grid of `scale` (broadcast against `w`)."""
-    return torch.clamp(torch.round(w / scale) + ZERO, 0, MAXQ).to(torch.uint8)
+    return (round_signed(w, scale) + ZERO).to(torch.uint8)
 
 
 def decode(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -66,7 +66,7 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> Quant
     for i1 in range(0, k, cfg.block_size):
         i2 = min(i1 + cfg.block_size, k)
         block, u = w[:, i1:i2], upper[i1:i2, i1:i2]  # block is a view: updates land in w
-        errors = torch.empty_like(block)
+        errors, steps = torch.empty_like(block), torch.empty_like(block)
         for i in range(i2 - i1):
             j = i1 + i
             if col_scale is not None:
@@ -74,11 +74,12 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> Quant
             elif j % g == 0:  # the group starts: its scale comes from the already-updated weights
                 s = group_scales(w[:, j : j + g], -1, h[j : j + g, j : j + g], cfg.clip)[:, 0]
                 found.append(s)
-            q = grid.encode(block[:, i], s)
-            codes[:, j] = q
-            err = (block[:, i] - grid.decode(q, s)) / u[i, i]
-            block[:, i:].sub_(err.unsqueeze(1) * u[i, i:].unsqueeze(0))
-            errors[:, i] = err
+            # few, whole-column operations per step: on a GPU this loop is bound by kernel launches
+            q = grid.round_signed(block[:, i], s)
+            err = (block[:, i] - q * s) / u[i, i]
+            block[:, i:].addr_(err, u[i, i:], alpha=-1)
+            steps[:, i], errors[:, i] = q, err
+        codes[:, i1:i2] = (steps + grid.ZERO).to(torch.uint8)
         w[:, i2:].sub_(errors @ upper[i1:i2, i2:])
 
     if cfg.act_order is ActOrder.STATIC:
