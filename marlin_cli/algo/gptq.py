@@ -85,5 +85,10 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> Quant
     if cfg.act_order is ActOrder.STATIC:
         codes = torch.empty_like(codes).index_copy_(1, perm, codes)  # back to the natural order
         perm = None
+    elif perm is not None:
+        # Rows inside a group may be stored in any order; ascending input index makes the layout canonical, so
+        # formats that record only each row's group (GPTQ's g_idx) convert back to exactly the same tensors.
+        order = torch.argsort(torch.arange(k, device=perm.device) // g * k + perm)
+        codes, perm = codes[:, order], perm[order]
     scales = fixed if fixed is not None else torch.stack(found, dim=1)  # (N, G)
     return QuantResult(codes=codes.T.contiguous(), scales=scales.T.float().contiguous(), perm=perm, damp=damp)
