@@ -91,7 +91,7 @@ class LayerReport:
 def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, Any]:
     """Run the job and write the checkpoint; returns the report (also written as quantization_report.json)."""
     started = time.perf_counter()
-    source = resolve(job.model, job.revision)
+    source = resolve(job.model, job.revision, job.trust_remote_code)
     ckpt.check_output(job.output, job.force, [source])
     on_progress(Progress("load", 0, 1, str(source)))
     loaded = open_model(source, job.trust_remote_code, job.revision)

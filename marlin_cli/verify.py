@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import torch
 
 from marlin_cli.calib.data import embedded_texts, token_samples
-from marlin_cli.io.checkpoint import Checkpoint
+from marlin_cli.io.checkpoint import REPORT, Checkpoint, sha256
 from marlin_cli.kernel import ops, reference
 from marlin_cli.model.load import open_model, open_tokenizer
 from marlin_cli.nn import load_quantized, quantization_config
@@ -55,6 +56,19 @@ def verify_checkpoint(path: Path, device: str | None = None, seed: int = 0) -> l
         check.seconds = round(time.perf_counter() - started, 4)
         checks.append(check)
     return checks
+
+
+def checksum_problems(path: Path) -> list[str]:
+    """Shards whose sha256 differs from the one the quantization report recorded (nothing to check without one)."""
+    try:
+        recorded = json.loads((path / REPORT).read_text())["files"]["shards"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [
+        f"{name}: sha256 differs from {REPORT} (the file changed after it was written)"
+        for name, want in sorted(recorded.items())
+        if not (path / name).is_file() or sha256(path / name) != want
+    ]
 
 
 def _tensor_problem(store: Checkpoint, name: str, k: int, n: int, groups: int, act_order: bool) -> str | None:

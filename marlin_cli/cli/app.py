@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import transformers
@@ -33,18 +34,27 @@ app.command("build-kernels")(build_kernels_command)
 INTERNAL_ERROR = 3
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so every cleanup on the way out runs (partial output is removed)."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main() -> None:
     """Entry point: a MarlinError is one line on stderr and its exit code; anything else is an internal error."""
     transformers.utils.logging.set_verbosity_error()  # our progress bars and errors replace its logging
     transformers.utils.logging.disable_progress_bar()
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         app(standalone_mode=True)
     except MarlinError as e:
         err_console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as e:
         err_console.print("interrupted; no output was left behind")
-        sys.exit(130)
+        sys.exit(143 if isinstance(e, Terminated) else 130)
     except Exception as e:  # a bug: say so, keep the traceback one variable away
         if os.environ.get("MARLIN_DEBUG"):
             raise

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from marlin_cli import __version__
 from marlin_cli.cli.common import (
     DeviceOpt,
     ForceOpt,
@@ -112,6 +113,7 @@ def quantize_command(
 def run_job(job: Any, json_out: bool, runner: Callable[..., dict[str, Any]] | None = None) -> None:
     """Run a quantize or pack job (`runner`, default the quantize pipeline) with progress bars, then print the
     summary (table, or JSON on stdout)."""
+    err_console.print(f"marlin {__version__}: {job.model} -> {job.output}", highlight=False, soft_wrap=True)
     with ProgressView(enabled=not json_out) as view:
         report = (runner or quantize)(job, view)
     if json_out:

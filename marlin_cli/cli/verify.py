@@ -13,7 +13,7 @@ from rich.table import Table
 from marlin_cli.cli.common import DeviceOpt, JsonOpt, Timer, err_console, print_json
 from marlin_cli.errors import CheckpointError, VerificationFailed
 from marlin_cli.io.checkpoint import REPORT
-from marlin_cli.verify import TOLERANCE, model_check, verify_checkpoint
+from marlin_cli.verify import TOLERANCE, checksum_problems, model_check, verify_checkpoint
 
 
 def verify_command(
@@ -42,12 +42,14 @@ def verify_command(
     timer = Timer()
     checks = verify_checkpoint(ckpt, device, seed)
     failed = [c for c in checks if not c.passed]
+    tampered = checksum_problems(ckpt)
     whole = model_check(ckpt, original or recorded_source(ckpt), device) if model_check_ else None
     if json_out:
         print_json(
             {
                 "checkpoint": str(ckpt),
-                "passed": not failed,
+                "passed": not failed and not tampered,
+                "checksum_problems": tampered,
                 "model_check": asdict(whole) if whole else None,
                 "tolerance": TOLERANCE,
                 "seconds": timer.seconds(),
@@ -72,6 +74,10 @@ def verify_command(
             err_console.print(
                 f"model check vs {whole.original}: {whole.tokens} tokens, hidden-state cosine {whole.cosine:.4f}"
             )
+    for problem in tampered:
+        err_console.print(f"[red]FAIL[/] {problem}", highlight=False, soft_wrap=True)
+    if tampered:
+        raise VerificationFailed(f"{len(tampered)} shard(s) do not match their recorded checksums: {tampered[0]}")
     if failed:
         raise VerificationFailed(
             f"{len(failed)} of {len(checks)} layers failed verification (first: {failed[0].name}: {failed[0].problem})"

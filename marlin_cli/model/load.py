@@ -11,7 +11,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
-from marlin_cli.errors import ModelError
+from marlin_cli.errors import ModelError, UsageError
 from marlin_cli.io.safetensors_check import read_header
 
 # Short names for models that ship inside Python packages, so the tool runs with no model hub.
@@ -20,8 +20,11 @@ HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 
 
-def resolve(spec: str, revision: str | None = None) -> Path:
-    """A local directory for `spec`: a short name, an existing directory, or a hub id downloaded to the cache."""
+def resolve(spec: str, revision: str | None = None, trust_remote_code: bool = False) -> Path:
+    """A local directory for `spec`: a short name, an existing directory, or a hub id downloaded to the cache.
+
+    Remote code from the hub runs only when pinned: --trust-remote-code needs --revision for a hub id.
+    """
     if spec in ALIASES:
         module, dist, sub = ALIASES[spec]
         try:
@@ -36,6 +39,8 @@ def resolve(spec: str, revision: str | None = None) -> Path:
         return path
     if not HUB_ID.match(spec) or spec.startswith((".", "/")):
         raise ModelError(f"model path {spec} does not exist")
+    if trust_remote_code and not revision:
+        raise UsageError(f"--trust-remote-code runs {spec}'s own Python code: pin what runs with --revision <commit>")
     from huggingface_hub import snapshot_download
 
     try:
@@ -80,7 +85,10 @@ def open_model(path: Path, trust_remote_code: bool = False, revision: str | None
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
     except ValueError as e:
-        raise ModelError(f"{path / 'config.json'}: {str(e).splitlines()[0]}") from None
+        hint = ""
+        if "auto_map" in (path / "config.json").read_text() and not trust_remote_code:
+            hint = " The model ships its own code: pass --trust-remote-code (with a pinned --revision for hub models)"
+        raise ModelError(f"{path / 'config.json'}: {str(e).splitlines()[0]}.{hint}") from None
     archs = getattr(config, "architectures", None) or []
     cls = getattr(transformers, archs[0], None) if archs else None
     try:
@@ -91,6 +99,9 @@ def open_model(path: Path, trust_remote_code: bool = False, revision: str | None
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelError(f"{path}: cannot load the model ({str(e).splitlines()[0]})") from None
     model.eval()
+    for name, t in model.state_dict().items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ModelError(f"{path}: tensor {name} has NaN or Inf values; the checkpoint is damaged, re-export it")
     return Loaded(path=path, config=config, model=model)
 
 

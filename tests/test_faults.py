@@ -1,0 +1,99 @@
+"""Faults: interrupted runs leave nothing behind; tampered or damaged inputs are named."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from marlin_cli.io.checkpoint import staging_dir
+
+
+def test_staging_directory_is_removed_on_interrupt(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        with staging_dir(out, force=False) as tmp:
+            (tmp / "model-00001-of-00001.safetensors").write_bytes(b"partial")
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_killed_quantize_leaves_nothing(sig: int, code: int, tiny_models, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        "-c",
+        "from marlin_cli.cli.app import main; main()",
+        "quantize",
+        str(tiny_models("llama")),
+        str(out),
+        "--nsamples",
+        "64",
+        "--seqlen",
+        "64",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = proc.stderr.readline()  # the start line: the job is running
+    time.sleep(1.0)  # inside loading or calibration
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    stderr = first + stderr
+    assert proc.returncode == code, stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nan_weights_are_refused(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    import shutil
+
+    model = Path(shutil.copytree(tiny_models("llama"), tmp_path / "model"))
+    tensors = load_file(model / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name][3, 5] = float("nan")
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    code, _, stderr = run_cli("quantize", model, tmp_path / "out")
+    assert code == 2 and name in stderr and "NaN" in stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_rejects_a_changed_shard(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "w4"
+    assert run_cli("pack", tiny_models("llama"), out)[0] == 0
+    shard = next(out.glob("model-*.safetensors"))
+    tensors = load_file(shard)
+    name = next(n for n in tensors if n.endswith("embed_tokens.weight"))
+    tensors[name] = tensors[name] + torch.ones_like(tensors[name])  # same header, other bytes
+    save_file(tensors, shard, metadata={"format": "pt"})
+    code, stdout, stderr = run_cli("verify", out, "--json")
+    assert code == 1, stderr
+    report = json.loads(stdout)
+    assert not report["passed"] and shard.name in report["checksum_problems"][0]
+
+
+def test_hub_model_with_remote_code_needs_a_revision(run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    code, _, stderr = run_cli("quantize", "some-org/some-model", tmp_path / "out", "--trust-remote-code")
+    assert code == 2 and "--revision" in stderr
+
+
+def test_offline_hub_id_is_one_line(run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, stderr = run_cli("quantize", "some-org/some-model", tmp_path / "out")
+    assert code == 2 and "cannot download some-org/some-model" in stderr and "Traceback" not in stderr
+
+
+def test_config_asking_for_remote_code(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    import shutil
+
+    model = Path(shutil.copytree(tiny_models("llama"), tmp_path / "model"))
+    config = json.loads((model / "config.json").read_text())
+    config.update(model_type="custom-thing", auto_map={"AutoConfig": "configuration_custom.CustomConfig"})
+    (model / "config.json").write_text(json.dumps(config))
+    code, _, stderr = run_cli("quantize", model, tmp_path / "out")
+    assert code == 2 and "--trust-remote-code" in stderr
