@@ -97,7 +97,7 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
     loaded = open_model(source, job.trust_remote_code, job.revision)
     model = loaded.model
     blocks_name, blocks = find_blocks(model)
-    plan = _plan(blocks_name, blocks, job.quant)
+    plan = plan_layers(blocks_name, blocks, job.quant)
     check_format(job.format, job.quant, [find_linears(b) for b in blocks])
     if not any(r.status == "quantized" for r in plan.values()):
         reasons = sorted({r.reason for r in plan.values() if r.reason})
@@ -147,7 +147,7 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
     return report
 
 
-def _plan(blocks_name: str, blocks: nn.ModuleList, cfg: QuantConfig) -> dict[str, LayerReport]:
+def plan_layers(blocks_name: str, blocks: nn.ModuleList, cfg: QuantConfig) -> dict[str, LayerReport]:
     """Every block linear, marked quantized or kept (with the reason) before any work."""
     plan = {}
     for b, block in enumerate(blocks):

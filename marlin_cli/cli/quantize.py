@@ -22,6 +22,7 @@ from marlin_cli.cli.common import (
 from marlin_cli.config import CalibConfig, QuantConfig, read_preset
 from marlin_cli.io.checkpoint import parse_size
 from marlin_cli.pipeline import Job, OutputFormat, quantize
+from marlin_cli.plan import dry_run
 
 FormatOpt = Annotated[
     str,
@@ -89,6 +90,14 @@ def quantize_command(
     revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) of MODEL.")] = None,
     output_format: FormatOpt = OutputFormat.MARLIN.value,
     force: ForceOpt = False,
+    dry_run_: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print, from the config alone, the layers that would be quantized or kept and "
+            "why, the output shards and the estimated peak memory; read no weights, write nothing.",
+        ),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Quantize MODEL to 4-bit Marlin-format safetensors in OUTPUT, with GPTQ calibrated block by block."""
@@ -107,7 +116,28 @@ def quantize_command(
         revision=revision,
         format=output_format,  # type: ignore[arg-type]  # validated by Job
     )
-    run_job(job, json_out)
+    if dry_run_:
+        show_plan(dry_run(job), json_out)
+    else:
+        run_job(job, json_out)
+
+
+def show_plan(plan: dict[str, Any], json_out: bool) -> None:
+    """The dry-run plan: JSON on stdout, or a table and summary lines on stderr."""
+    if json_out:
+        print_json(plan)
+        return
+    table = Table(title=f"{plan['model']} ({plan['architecture']}, {plan['blocks']}): dry run, nothing written")
+    for col in ("layer", "K x N", "action", "why"):
+        table.add_column(col, overflow="fold")
+    for layer in plan["layers"]:
+        shape = f"{layer['in_features']} x {layer['out_features']}"
+        table.add_row(layer["name"], shape, layer["action"], layer["reason"] or "")
+    err_console.print(table)
+    err_console.print(
+        f"{plan['shards']} shard(s), {plan['output_bytes'] / 1e9:.2f} GB; estimated peak memory: "
+        f"GPU {plan['estimated_peak_gpu_gib']} GiB, host {plan['estimated_peak_host_gib']} GiB"
+    )
 
 
 def run_job(job: Any, json_out: bool, runner: Callable[..., dict[str, Any]] | None = None) -> None:

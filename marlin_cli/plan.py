@@ -1,0 +1,93 @@
+"""`--dry-run`: what a quantize job would do, from the model's config alone (a skeleton on the meta device).
+
+Nothing is downloaded beyond the config, no weight is read and nothing is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModel
+
+from marlin_cli.config import ActOrder, Method
+from marlin_cli.errors import ModelError
+from marlin_cli.io import checkpoint as ckpt
+from marlin_cli.io.safetensors_check import read_header
+from marlin_cli.model.layout import find_blocks
+from marlin_cli.model.load import max_positions, resolve
+from marlin_cli.pipeline import Job, plan_layers
+
+GIB = 2**30
+
+
+def dry_run(job: Job) -> dict[str, Any]:
+    """The layer plan, output shards and estimated peak memory of `job`, without running it."""
+    source = resolve(job.model, job.revision, job.trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=job.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{source / 'config.json'}: {str(e).splitlines()[0]}") from None
+    archs = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, archs[0], None) if archs else None
+    with torch.device("meta"):
+        model = cls(config) if cls is not None else AutoModel.from_config(config)
+    blocks_name, blocks = find_blocks(model)
+    plan = plan_layers(blocks_name, blocks, job.quant)
+    dtype = _checkpoint_dtype(source)
+
+    sizes: dict[str, int] = {}
+    for name, t in model.state_dict().items():
+        prefix = name.removesuffix(".weight")
+        layer = plan.get(prefix)
+        if layer is not None and layer.status == "quantized" and name.endswith(".weight"):
+            k, n = layer.in_features, layer.out_features
+            groups = 1 if job.quant.group_size == -1 else k // job.quant.group_size
+            perm = 4 * k if job.quant.act_order is ActOrder.GROUP else 0
+            sizes[name] = k * n // 2 + 2 * groups * n + perm  # 4-bit codes, fp16 scales, int32 permutation
+        else:
+            sizes[name] = t.numel() * dtype.itemsize
+    shards = ckpt.plan_shards(sizes, job.max_shard_size)
+
+    limit = max_positions(config)
+    seqlen = min(job.calib.seqlen, limit) if limit else job.calib.seqlen
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 0)
+    block_bytes = max(sum(p.numel() for p in b.parameters()) for b in blocks) * dtype.itemsize
+    widest = max((r.in_features, r.out_features) for r in plan.values())
+    solve_bytes = 4 * (widest[0] ** 2 * 3 + widest[0] * widest[1] * 4)  # Hessian, its factor and inverse; W copies
+    acts = job.calib.nsamples * seqlen * hidden * dtype.itemsize if job.quant.method is Method.GPTQ else 0
+    return {
+        "model": job.model,
+        "source": str(source),
+        "architecture": archs[0] if archs else type(model).__name__,
+        "blocks": f"{blocks_name} x {len(blocks)}",
+        "layers": [
+            {
+                "name": r.name,
+                "in_features": r.in_features,
+                "out_features": r.out_features,
+                "action": r.status,
+                "reason": r.reason,
+            }
+            for r in plan.values()
+        ],
+        "shards": len(shards),
+        "output_bytes": sum(sizes.values()),
+        "estimated_peak_gpu_gib": round((block_bytes + 2 * acts + solve_bytes) / GIB, 2),
+        "estimated_peak_host_gib": round(
+            (sum(t.numel() for t in model.state_dict().values()) * dtype.itemsize + sum(sizes.values())) / GIB, 2
+        ),
+        "calibration_tokens_at_most": job.calib.nsamples * seqlen if job.quant.method is Method.GPTQ else 0,
+    }
+
+
+def _checkpoint_dtype(source: Path) -> torch.dtype:
+    """The dtype of the model's floating-point weights, from the first safetensors header (fp16 if none says)."""
+    names = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+    for f in sorted(source.glob("*.safetensors")):
+        for entry in read_header(f).values():
+            if entry["dtype"] in names:
+                return names[entry["dtype"]]
+    return torch.float16
