@@ -23,6 +23,7 @@ from marlin_cli.config import CalibConfig, QuantConfig, read_preset
 from marlin_cli.io.checkpoint import parse_size
 from marlin_cli.pipeline import Job, OutputFormat, quantize
 from marlin_cli.plan import dry_run
+from marlin_cli.repack import RepackJob
 
 FormatOpt = Annotated[
     str,
@@ -143,7 +144,8 @@ def show_plan(plan: dict[str, Any], json_out: bool) -> None:
 def run_job(job: Any, json_out: bool, runner: Callable[..., dict[str, Any]] | None = None) -> None:
     """Run a quantize or pack job (`runner`, default the quantize pipeline) with progress bars, then print the
     summary (table, or JSON on stdout)."""
-    err_console.print(f"marlin {__version__}: {job.model} -> {job.output}", highlight=False, soft_wrap=True)
+    source = job.source if isinstance(job, RepackJob) else job.model
+    err_console.print(f"marlin {__version__}: {source} -> {job.output}", highlight=False, soft_wrap=True)
     with ProgressView(enabled=not json_out) as view:
         report = (runner or quantize)(job, view)
     if json_out:
