@@ -97,3 +97,27 @@ def test_config_asking_for_remote_code(tiny_models, run_cli, tmp_path: Path) -> 
     (model / "config.json").write_text(json.dumps(config))
     code, _, stderr = run_cli("quantize", model, tmp_path / "out")
     assert code == 2 and "--trust-remote-code" in stderr
+
+
+def test_full_disk_leaves_nothing(tiny_models, tmp_path: Path) -> None:  # noqa: ANN001
+    """A file-size limit of 2 MB (RLIMIT_FSIZE, SIGXFSZ ignored) stands in for a full disk: every write past it fails
+    with an OS error, as on a full file system."""
+    import resource
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 * 10**6, 2 * 10**6))
+
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        "-c",
+        "from marlin_cli.cli.app import main; main()",
+        "pack",
+        str(tiny_models("llama")),
+        str(out),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "cannot write" in done.stderr and "File too large" in done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 
+import torch
 import transformers
 import typer
 from rich.markup import escape
@@ -52,6 +53,13 @@ def main() -> None:
     except MarlinError as e:
         err_console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
+    except torch.OutOfMemoryError:
+        err_console.print(
+            "[red]error:[/] the GPU ran out of memory; nothing was written. Lower --nsamples or --seqlen, free the "
+            "GPU, or run with --device cpu",
+            soft_wrap=True,
+        )
+        sys.exit(2)
     except (KeyboardInterrupt, Terminated) as e:
         err_console.print("interrupted; no output was left behind")
         sys.exit(143 if isinstance(e, Terminated) else 130)

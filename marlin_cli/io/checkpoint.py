@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from marlin_cli.errors import CheckpointError, UsageError
@@ -54,20 +54,29 @@ def staging_dir(output: Path, force: bool) -> Iterator[Path]:
     """A temporary sibling of `output` that becomes `output` only if the block completes; removed on any failure."""
     tmp = output.parent / f".{output.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         yield tmp
-        if output.exists():
-            if not force:
-                raise UsageError(f"output {output} appeared while writing; pass --force to replace it")
-            old = output.parent / f".{output.name}.old-{os.getpid()}"
-            output.rename(old)
-            tmp.rename(output)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(output)
+        _swap_in(tmp, output, force)
+    except (OSError, SafetensorError) as e:  # full disk, quota, size limit, permissions
+        raise CheckpointError(
+            f"cannot write {output}: {getattr(e, 'strerror', None) or e}; free disk space or choose another output "
+            "directory (nothing was written)"
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _swap_in(tmp: Path, output: Path, force: bool) -> None:
+    if not output.exists():
+        tmp.rename(output)
+        return
+    if not force:
+        raise UsageError(f"output {output} appeared while writing; pass --force to replace it")
+    old = output.parent / f".{output.name}.old-{os.getpid()}"
+    output.rename(old)
+    tmp.rename(output)
+    shutil.rmtree(old)
 
 
 def plan_shards(sizes: dict[str, int], max_bytes: int) -> list[list[str]]:
