@@ -1,7 +1,7 @@
 """End to end on a GPU: build a Llama-architecture model with random fp16 weights (2048 wide, 4 blocks), quantize it
 with the CLI (blocks on the GPU), verify every layer through the CUDA kernel and run --model-check.
 
-Run on a GPU machine: python3 scripts/gpu_e2e.py TOKENIZER_DIR WORK_DIR
+Run on a GPU machine: python3 scripts/gpu_e2e.py TOKENIZER_DIR WORK_DIR [BLOCKS]
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ def marlin(*args: str) -> tuple[float, dict]:
     return time.perf_counter() - start, json.loads(done.stdout)
 
 
-def main(tokenizer_dir: Path, work: Path) -> None:
+def main(tokenizer_dir: Path, work: Path, blocks: int) -> None:
     config = LlamaConfig(
         vocab_size=30522,
         hidden_size=2048,
         intermediate_size=5632,
-        num_hidden_layers=4,
+        num_hidden_layers=blocks,
         num_attention_heads=16,
         num_key_value_heads=4,
         max_position_embeddings=4096,
@@ -55,4 +55,4 @@ def main(tokenizer_dir: Path, work: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 4)
