@@ -98,7 +98,8 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
     model = loaded.model
     blocks_name, blocks = find_blocks(model)
     plan = plan_layers(blocks_name, blocks, job.quant)
-    check_format(job.format, job.quant, [find_linears(b) for b in blocks])
+    kept = [r.name for r in plan.values() if r.status == "kept"]
+    check_format(job.format, job.quant, [find_linears(b) for b in blocks], kept)
     if not any(r.status == "quantized" for r in plan.values()):
         reasons = sorted({r.reason for r in plan.values() if r.reason})
         raise ModelError(f"{source}: no layer has a shape the Marlin format accepts ({'; '.join(reasons)})")
@@ -264,8 +265,16 @@ def pack_layer(fmt: OutputFormat, name: str, result: QuantResult) -> dict[str, t
     return {f"{name}.{key}": t for key, t in PACKERS[OutputFormat(fmt)](cpu).items()}
 
 
-def check_format(fmt: OutputFormat, cfg: QuantConfig, linears: list[dict[str, nn.Module]]) -> None:
-    """Refuse, before any work, settings that `fmt` cannot carry."""
+def check_format(
+    fmt: OutputFormat, cfg: QuantConfig, linears: list[dict[str, nn.Module]], kept: list[str] | None = None
+) -> None:
+    """Refuse, before any work, settings that `fmt` cannot carry; `kept`: block layers that stay unquantized."""
+    if fmt is OutputFormat.GPTQ and kept:
+        # GPTQ loaders expect qweight for every linear layer of a block; a dense one there would not load
+        raise UsageError(
+            f"--format gptq needs every block layer quantized, but {len(kept)} cannot be ({kept[0]}, ...); "
+            "use --format compressed-tensors (which lists them as ignored) or marlin"
+        )
     if fmt is not OutputFormat.COMPRESSED:
         return
     if cfg.act_order is ActOrder.GROUP:

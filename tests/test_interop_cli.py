@@ -215,3 +215,12 @@ def test_compressed_tensors_refuses_act_order_group(tiny_models, run_cli, tmp_pa
     assert code == 2 and "--act-order static" in stderr and not out.exists()
     code, _, stderr = run_cli("pack", tiny_models("llama"), out, "--format", "awq")
     assert code == 2 and "--format 'awq'" in stderr
+
+
+def test_gptq_export_refuses_a_partly_quantizable_block(run_cli, tmp_path):  # noqa: ANN001
+    from tiny_models import make_tiny
+
+    model = make_tiny("llama", tmp_path / "odd", intermediate_size=200)  # MLP layers do not fit the tile
+    code, _, stderr = run_cli("pack", model, tmp_path / "out", "--format", "gptq")
+    assert code == 2 and "--format gptq needs every block layer quantized" in stderr
+    assert not (tmp_path / "out").exists()
