@@ -11,40 +11,12 @@ from transformers import AutoTokenizer
 from marlin_cli.model.load import resolve
 
 VOCAB = 30522  # the MiniLM tokenizer's, shared by every tiny model (no hub here)
+# Llama-style attention: 4 query heads of 32 over 2 key/value heads (k/v out_features 64, the smallest tile width)
+LLAMA_LIKE = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 TINY = {
-    "llama": (
-        "LlamaConfig",
-        "LlamaForCausalLM",
-        dict(
-            hidden_size=128,
-            intermediate_size=256,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-        ),
-    ),
-    "qwen2": (
-        "Qwen2Config",
-        "Qwen2ForCausalLM",
-        dict(
-            hidden_size=128,
-            intermediate_size=384,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-        ),
-    ),
-    "mistral": (
-        "MistralConfig",
-        "MistralForCausalLM",
-        dict(
-            hidden_size=128,
-            intermediate_size=256,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-        ),
-    ),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(LLAMA_LIKE, intermediate_size=256)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(LLAMA_LIKE, intermediate_size=384)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(LLAMA_LIKE, intermediate_size=256)),
     "opt": (
         "OPTConfig",
         "OPTForCausalLM",
