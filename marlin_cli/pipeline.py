@@ -18,6 +18,7 @@ from marlin_cli.algo.gptq import gptq
 from marlin_cli.algo.hessian import Hessian, weighted_error
 from marlin_cli.algo.result import QuantResult
 from marlin_cli.algo.rtn import rtn
+from marlin_cli.algo.scales import FP16_MAX, LARGEST_WEIGHT
 from marlin_cli.calib.capture import BlockInputs, capture_inputs, group_hessian, input_groups, run_block
 from marlin_cli.calib.data import load_texts, token_samples
 from marlin_cli.config import ActOrder, CalibConfig, Method, QuantConfig
@@ -220,13 +221,15 @@ def _solve(module: nn.Module, hessian: Hessian | None, cfg: QuantConfig, report:
     """Quantize one layer, write its dequantized weights back (later layers calibrate on them) and fill `report`."""
     started = time.perf_counter()
     w = weight_matrix(module).float()
+    if float(w.abs().max()) > LARGEST_WEIGHT:  # e.g. bf16 outliers: the layer is still stored, and says so
+        report.reason = f"weights beyond {LARGEST_WEIGHT:.3g} saturate: fp16 scales are clamped to {FP16_MAX:g}"
     baseline = rtn(w, cfg.group_size, cfg.clip and hessian is None)
     result = baseline
     if hessian is not None:
         try:
             result = gptq(w, hessian.matrix, cfg)
         except NumericalError as e:
-            report.reason = f"{e}: RTN"
+            report.reason = "; ".join(filter(None, [report.reason, f"{e}: RTN"]))
     report.method = "gptq" if result is not baseline else "rtn"
     report.damp = result.damp if result is not baseline else None
     if hessian is not None:

@@ -121,3 +121,52 @@ def test_full_disk_leaves_nothing(tiny_models, tmp_path: Path) -> None:  # noqa:
     assert done.returncode == 2, done.stderr
     assert "cannot write" in done.stderr and "File too large" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bf16_weights_beyond_fp16_scales_are_clamped_and_reported(run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    from tiny_models import make_tiny
+
+    model = make_tiny("llama", tmp_path / "model", dtype=torch.bfloat16)
+    tensors = load_file(model / "model.safetensors")
+    name = "model.layers.0.mlp.up_proj"
+    tensors[f"{name}.weight"][7, 3] = 1e7  # bf16 holds it; a 4-bit scale for it would overflow fp16
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    code, stdout, stderr = run_cli("pack", model, tmp_path / "out", "--json")
+    assert code == 0, stderr
+    layer = next(r for r in json.loads(stdout)["layers"] if r["name"] == name)
+    assert "saturate" in layer["reason"]
+    scales = load_file(next((tmp_path / "out").glob("model-*.safetensors")))[f"{name}.s"]
+    assert torch.isfinite(scales).all() and scales.max() == 65504  # clamped, never inf
+
+
+def test_missing_tokenizer(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    import shutil
+
+    model = Path(shutil.copytree(tiny_models("llama"), tmp_path / "model"))
+    for f in model.glob("tokenizer*"):
+        f.unlink()
+    code, _, stderr = run_cli("quantize", model, tmp_path / "out")
+    assert code == 2 and "no usable tokenizer" in stderr and "--method rtn" in stderr
+    assert not (tmp_path / "out").exists()
+    assert run_cli("quantize", model, tmp_path / "out", "--method", "rtn")[0] == 0  # RTN needs no tokenizer
+
+
+def test_sigkill_never_leaves_a_complete_looking_output(tiny_models, tmp_path: Path) -> None:  # noqa: ANN001
+    """SIGKILL cannot be caught: a hidden .partial directory may stay, but the output path either does not exist or
+    holds a complete checkpoint (the rename is the last step)."""
+    cmd = [sys.executable, "-c", "from marlin_cli.cli.app import main; main()", "quantize", str(tiny_models("llama"))]
+    for i, delay in enumerate([0.5, 1.5, 3.0]):
+        out = tmp_path / f"out{i}"
+        proc = subprocess.Popen(
+            [*cmd, str(out), "--nsamples", "256", "--seqlen", "128"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        proc.stderr.readline()
+        time.sleep(delay)
+        proc.kill()
+        proc.wait(timeout=60)
+        assert not out.exists() or {"config.json", "model.safetensors.index.json", "quantization_report.json"} <= {
+            p.name for p in out.iterdir()
+        }

@@ -10,11 +10,13 @@ from marlin_cli import grid
 # factor that makes +absmax exactly representable (8/7.5), which helps groups whose largest weight is positive.
 CLIP_FACTORS = tuple(1.0 - 0.025 * i for i in range(17)) + (8 / 7.5,)
 FP16_SUBNORMAL_MIN = 2.0**-24
+FP16_MAX = 65504.0
+LARGEST_WEIGHT = FP16_MAX * 7.5  # larger weights need a scale fp16 cannot hold: it is clamped, they saturate
 
 
 def to_fp16_grid(scale: torch.Tensor) -> torch.Tensor:
-    """Round scales to what the fp16 checkpoint stores, keeping them positive, back in the input dtype."""
-    return scale.clamp(min=FP16_SUBNORMAL_MIN).to(torch.float16).to(scale.dtype)
+    """Round scales to what the fp16 checkpoint stores, kept positive and finite, back in the input dtype."""
+    return scale.clamp(min=FP16_SUBNORMAL_MIN, max=FP16_MAX).to(torch.float16).to(scale.dtype)
 
 
 def absmax_scales(w: torch.Tensor) -> torch.Tensor:
