@@ -27,7 +27,7 @@ from marlin_cli.formats import compressed_tensors, marlin
 from marlin_cli.formats import gptq as gptq_format
 from marlin_cli.io import checkpoint as ckpt
 from marlin_cli.model.layout import find_blocks, find_linears, in_out, set_weight_matrix, weight_matrix
-from marlin_cli.model.load import max_positions, open_model, open_tokenizer, resolve
+from marlin_cli.model.load import load_tensors, max_positions, open_model, open_tokenizer, resolve
 
 
 @dataclass
@@ -95,9 +95,11 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
     source = resolve(job.model, job.revision, job.trust_remote_code)
     ckpt.check_output(job.output, job.force, [source])
     on_progress(Progress("load", 0, 1, str(source)))
-    loaded = open_model(source, job.trust_remote_code, job.revision)
+    loaded = open_model(source, job.trust_remote_code, job.revision, lazy=True)
     model = loaded.model
     blocks_name, blocks = find_blocks(model)
+    if loaded.store is not None:
+        load_tensors(model, loaded.store, skip=f"{blocks_name}.")  # embeddings, norms, head: blocks come one by one
     plan = plan_layers(blocks_name, blocks, job.quant)
     kept = [r.name for r in plan.values() if r.status == "kept"]
     check_format(job.format, job.quant, [find_linears(b) for b in blocks], kept)
@@ -107,9 +109,12 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
     on_progress(Progress("load", 1, 1, str(source)))
 
     device = torch.device(job.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtypes = {k: v.dtype for k, v in model.state_dict().items()}
-    if device.type == "cpu":
-        model.float()  # half-precision matmuls on the CPU are slow or missing
+    outside = {k: v for k, v in model.state_dict().items() if not k.startswith(f"{blocks_name}.")}
+    dtypes = {k: v.dtype for k, v in outside.items()}
+    if device.type == "cpu":  # half-precision matmuls on the CPU are slow or missing
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if name in outside and t.is_floating_point():
+                t.data = t.data.float()
 
     inputs, tokens = None, 0
     if job.quant.method is Method.GPTQ:
@@ -118,6 +123,8 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
         )
 
     packed: dict[str, torch.Tensor] = {}
+    kept: dict[str, torch.Tensor] = {}  # block tensors written as they are (norms, biases, unquantized layers)
+    quantized = packed_layers(plan)
     solved: list[str] = []
     total = sum(r.status == "quantized" for r in plan.values())
 
@@ -128,9 +135,17 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
     with torch.no_grad():
         for b, block in enumerate(blocks):
             on_progress(Progress("quantize", b, len(blocks), f"block {b + 1}/{len(blocks)}"))
+            prefix = f"{blocks_name}.{b}"
+            if loaded.store is not None:
+                load_tensors(block, loaded.store, f"{prefix}.")
+            originals = {f"{prefix}.{k}": v for k, v in block.state_dict().items()}
+            dtypes.update({k: v.dtype for k, v in originals.items()})
+            kept.update({k: v for k, v in originals.items() if k.removesuffix(".weight") not in quantized})
             block.to(device)
-            _quantize_block(f"{blocks_name}.{b}", block, inputs, job, plan, packed, on_layer)
-            block.to("cpu")
+            if device.type == "cpu":
+                block.float()
+            _quantize_block(prefix, block, inputs, job, plan, packed, on_layer)
+            block.to_empty(device="meta")  # done: its outputs feed the next block, its tensors are in `kept`/`packed`
         on_progress(Progress("quantize", len(blocks), len(blocks), "done"))
 
     report = {
@@ -144,7 +159,7 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
         "layers": [asdict(r) for r in plan.values()],
     }
     on_progress(Progress("write", 0, 1, str(job.output)))
-    _write(job, loaded, model, dtypes, plan, packed, report, started)
+    _write(job, loaded, model, {**outside, **kept}, dtypes, plan, packed, report, started)
     on_progress(Progress("write", 1, 1, str(job.output)))
     return report
 
@@ -350,18 +365,23 @@ def _marlin_config(cfg: QuantConfig, plan: dict[str, LayerReport]) -> dict[str, 
     }
 
 
+def packed_layers(plan: dict[str, LayerReport]) -> set[str]:
+    """Names of the layers whose weight the checkpoint stores quantized."""
+    return {r.name for r in plan.values() if r.status == "quantized"}
+
+
 def _write(
     job: Job,
     loaded: Any,
     model: nn.Module,
+    state: dict[str, torch.Tensor],
     dtypes: dict[str, torch.dtype],
     plan: dict[str, LayerReport],
     packed: dict[str, torch.Tensor],
     report: dict[str, Any],
     started: float,
 ) -> None:
-    state = model.state_dict()
-    replaced = {f"{r.name}.weight" for r in plan.values() if r.status == "quantized"}
+    replaced = {f"{name}.weight" for name in packed_layers(plan)}
     tensors: dict[str, torch.Tensor] = {}
     seen_storage: set[int] = set()
     for name, t in state.items():
@@ -376,7 +396,7 @@ def _write(
         sums = ckpt.write_shards(tmp, sorted(tensors), tensors.__getitem__, sizes, job.max_shard_size)
         loaded.config.save_pretrained(tmp)
         data = json.loads((tmp / "config.json").read_text())
-        done = {r.name for r in plan.values() if r.status == "quantized"}
+        done = packed_layers(plan)
         ignore = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in done]
         data["quantization_config"] = quantization_config(job.quant, plan, job.format, ignore)
         ckpt.write_json(tmp / "config.json", data)

@@ -55,6 +55,7 @@ def dry_run(job: Job) -> dict[str, Any]:
     seqlen = min(job.calib.seqlen, limit) if limit else job.calib.seqlen
     hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 0)
     block_bytes = max(sum(p.numel() for p in b.parameters()) for b in blocks) * dtype.itemsize
+    outside = sum(sizes[k] for k in sizes if not k.startswith(f"{blocks_name}."))
     widest = max((r.in_features, r.out_features) for r in plan.values())
     solve_bytes = 4 * (widest[0] ** 2 * 3 + widest[0] * widest[1] * 4)  # Hessian, its factor and inverse; W copies
     acts = job.calib.nsamples * seqlen * hidden * dtype.itemsize if job.quant.method is Method.GPTQ else 0
@@ -76,8 +77,10 @@ def dry_run(job: Job) -> dict[str, Any]:
         "shards": len(shards),
         "output_bytes": sum(sizes.values()),
         "estimated_peak_gpu_gib": round((block_bytes + 2 * acts + solve_bytes) / GIB, 2),
+        # blocks are read one at a time: what lies outside them, one block, the packed output, one shard being written
         "estimated_peak_host_gib": round(
-            (sum(t.numel() for t in model.state_dict().values()) * dtype.itemsize + sum(sizes.values())) / GIB, 2
+            (outside + block_bytes + sum(sizes.values()) + max(sum(sizes[n] for n in shard) for shard in shards)) / GIB,
+            2,
         ),
         "calibration_tokens_at_most": job.calib.nsamples * seqlen if job.quant.method is Method.GPTQ else 0,
     }

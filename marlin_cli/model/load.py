@@ -10,8 +10,10 @@ from pathlib import Path
 import torch
 import transformers
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers.initialization import no_init_weights
 
 from marlin_cli.errors import ModelError, UsageError
+from marlin_cli.io.checkpoint import Checkpoint
 from marlin_cli.io.safetensors_check import read_header
 
 # Short names for models that ship inside Python packages, so the tool runs with no model hub.
@@ -54,11 +56,16 @@ def resolve(spec: str, revision: str | None = None, trust_remote_code: bool = Fa
 
 @dataclass
 class Loaded:
-    """An opened model and where it came from."""
+    """An opened model and where it came from.
+
+    With `store` set the model is a skeleton whose tensors are read on demand (`load_tensors`): host memory then
+    holds what lies outside the blocks plus one block at a time, not the whole model.
+    """
 
     path: Path
     config: PretrainedConfig
     model: PreTrainedModel
+    store: Checkpoint | None = None
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -77,8 +84,8 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def open_model(path: Path, trust_remote_code: bool = False, revision: str | None = None) -> Loaded:
-    """Open the model in `path` on the CPU, in its checkpoint dtype."""
+def open_model(path: Path, trust_remote_code: bool = False, revision: str | None = None, lazy: bool = False) -> Loaded:
+    """Open the model in `path` on the CPU, in its checkpoint dtype; `lazy`: as a skeleton read on demand."""
     if not (path / "config.json").is_file():
         raise ModelError(f"{path}: no config.json; give a Hugging Face model directory")
     weight_files(path)
@@ -91,6 +98,14 @@ def open_model(path: Path, trust_remote_code: bool = False, revision: str | None
         raise ModelError(f"{path / 'config.json'}: {str(e).splitlines()[0]}.{hint}") from None
     archs = getattr(config, "architectures", None) or []
     cls = getattr(transformers, archs[0], None) if archs else None
+    if lazy and cls is not None:
+        with no_init_weights():  # parameters are allocated but never written: no host memory is touched yet
+            model = cls(config)
+        store = Checkpoint(path)
+        names = set(store.names())
+        if all(key in names for key in _stored_keys(model)):
+            return Loaded(path=path, config=config, model=model.eval(), store=store)
+        # checkpoint keys that differ from the module names (renamed by transformers on load): read it whole
     try:
         if cls is None:
             model = AutoModel.from_pretrained(path, dtype="auto", trust_remote_code=trust_remote_code)
@@ -103,6 +118,30 @@ def open_model(path: Path, trust_remote_code: bool = False, revision: str | None
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ModelError(f"{path}: tensor {name} has NaN or Inf values; the checkpoint is damaged, re-export it")
     return Loaded(path=path, config=config, model=model)
+
+
+def _stored_keys(model: torch.nn.Module) -> list[str]:
+    """State keys that a checkpoint holds: tied tensors (sharing storage with an earlier key) are stored once."""
+    seen, keys = set(), []
+    for key, t in model.state_dict().items():
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            keys.append(key)
+    return keys
+
+
+def load_tensors(module: torch.nn.Module, store: Checkpoint, prefix: str = "", skip: str | None = None) -> None:
+    """Read `module`'s tensors (state keys `prefix` + name, except those under `skip`) from the checkpoint."""
+    for name, t in module.state_dict(keep_vars=True).items():
+        key = prefix + name
+        if (skip and key.startswith(skip)) or key not in store.file_of:
+            continue  # a tied tensor: it is shared with one that is read
+        value = store.tensor(key)
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ModelError(
+                f"{store.path}: tensor {key} has NaN or Inf values; the checkpoint is damaged, re-export it"
+            )
+        t.data = value
 
 
 def open_tokenizer(path: Path) -> object:
