@@ -26,7 +26,14 @@ from marlin_cli.errors import ModelError, NumericalError, UsageError
 from marlin_cli.formats import compressed_tensors, marlin
 from marlin_cli.formats import gptq as gptq_format
 from marlin_cli.io import checkpoint as ckpt
-from marlin_cli.model.layout import find_blocks, find_linears, in_out, set_weight_matrix, weight_matrix
+from marlin_cli.model.layout import (
+    find_blocks,
+    find_linears,
+    in_out,
+    outside_blocks,
+    set_weight_matrix,
+    weight_matrix,
+)
 from marlin_cli.model.load import load_tensors, max_positions, open_model, open_tokenizer, resolve
 
 
@@ -112,8 +119,8 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
     outside = {k: v for k, v in model.state_dict().items() if not k.startswith(f"{blocks_name}.")}
     dtypes = {k: v.dtype for k, v in outside.items()}
     if device.type == "cpu":  # half-precision matmuls on the CPU are slow or missing
-        for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            if name in outside and t.is_floating_point():
+        for t in outside_blocks(model, blocks_name):
+            if t.is_floating_point():
                 t.data = t.data.float()
 
     inputs, tokens = None, 0

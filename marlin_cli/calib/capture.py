@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from marlin_cli.algo.hessian import Hessian
+from marlin_cli.model.layout import outside_blocks
 
 
 class _Stop(Exception):
@@ -28,11 +29,8 @@ class BlockInputs:
 
 
 def _move_outside(model: nn.Module, blocks_name: str, device: torch.device) -> None:
-    """Move every parameter and buffer that is not inside the blocks (embeddings, norms, rotary tables)."""
-    prefix = blocks_name + "."
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if not name.startswith(prefix):
-            t.data = t.data.to(device)
+    for t in outside_blocks(model, blocks_name):
+        t.data = t.data.to(device)
 
 
 def capture_inputs(

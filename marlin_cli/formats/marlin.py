@@ -11,10 +11,10 @@ import functools
 
 import torch
 
+from marlin_cli.config import GROUP_SIZES
 from marlin_cli.errors import ShapeError
 
 TILE = 16
-GROUP_SIZES = (-1, 32, 64, 128)
 
 
 def shape_problem(k: int, n: int, group_size: int) -> str | None:

@@ -9,13 +9,14 @@ import threading
 
 import torch
 
+from marlin_cli.config import GROUP_SIZES as CONFIG_GROUP_SIZES
 from marlin_cli.errors import ShapeError
 from marlin_cli.kernel import build, reference
 
 # Mirrors kernels/marlin.h: completion counters, then two fp32 partial tiles of 64 x 256 per block.
 _COUNTER_INTS = 1 << 16
 _TILE_ELEMS = 64 * 256
-GROUP_SIZES = (32, 64, 128)
+GROUP_SIZES = tuple(g for g in CONFIG_GROUP_SIZES if g > 0)  # grouped scales; one row means per channel
 
 _lock = threading.Lock()
 _workspaces: dict[int, torch.Tensor] = {}

@@ -25,6 +25,12 @@ def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
     return best[1], best[2]
 
 
+def outside_blocks(model: nn.Module, blocks_name: str) -> list[torch.Tensor]:
+    """Every parameter and buffer not inside the blocks (embeddings, norms, head, rotary tables)."""
+    prefix = blocks_name + "."
+    return [t for name, t in [*model.named_parameters(), *model.named_buffers()] if not name.startswith(prefix)]
+
+
 def find_linears(block: nn.Module) -> dict[str, nn.Module]:
     """Linear layers of a block, by name relative to the block, in definition order."""
     return {name: m for name, m in block.named_modules() if isinstance(m, LINEAR_TYPES)}

@@ -162,7 +162,3 @@ def max_positions(config: PretrainedConfig) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
-
-
-def param_dtype(model: torch.nn.Module) -> torch.dtype:
-    return next(model.parameters()).dtype
