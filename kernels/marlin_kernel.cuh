@@ -17,8 +17,9 @@
 //   group re-reads the weights, mostly from L2 since the groups walk the same tiles at the same time.
 // - Inside a block: 8 warps = NS column warps (64 columns each) x NK k warps; the k warps of a strip split every
 //   k-tile between them and their partial sums are added in shared memory at the end of a run.
-// - Loads are 16-byte cp.async into a STAGES-deep ring; the ring slot is one register, advanced once per stage in the
-//   loop, so every shared-memory address in the inner loop is a per-thread, per-stage base plus an immediate.
+// - Loads are 16-byte cp.async into a STAGES-deep ring; the ring slot's shared-memory address is one register,
+//   advanced once per stage in the loop, so every shared-memory access in the inner loop is that slot plus a
+//   per-thread offset fixed for the whole kernel plus an immediate.
 #pragma once
 
 #include "marlin.h"
