@@ -11,12 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 BLOCK_BYTES = 2 * (4 * 1024 * 1024 + 3 * 1024 * 4096)  # fp16 attention + MLP weights of one block below: 34 MB
 LIMIT_BYTES = 24 * 2**20
+
+pytestmark = pytest.mark.gpu
 
 
 def tiny_model(path: Path) -> Path:
