@@ -110,7 +110,10 @@ def test_lane_word_covers_its_columns() -> None:
     # group t keeps K rows 4t + 2, 4t + 3 (positions 2, 3); group t + 4 keeps positions 0, 3
     codes[4 * t + 2, n0], codes[4 * (t + 4), n0], codes[4 * t + 2, n0 + 4], codes[4 * (t + 4), n0 + 4] = 1, 2, 3, 4
     codes[4 * t + 3, n0], codes[4 * (t + 4) + 3, n0], codes[4 * t + 3, n0 + 4], codes[4 * (t + 4) + 3, n0 + 4] = (
-        5, 6, 7, 9
+        5,
+        6,
+        7,
+        9,
     )
     word = int(marlin24.pack(codes, torch.ones(1, 128))["B_24"][0, 4 * (4 * c + t) + j]) & 0xFFFFFFFF
     assert [(word >> (4 * i)) & 0xF for i in range(8)] == [1, 2, 3, 4, 5, 6, 7, 9]
