@@ -7,6 +7,7 @@ namespace marlin_cli {
 namespace sparse24 {
 
 constexpr int kMaxDevices = 64;
+constexpr int kMinTiles = 4;  // perf-log s3
 
 int max_smem(int device) {
   static int cache[kMaxDevices] = {};
@@ -34,23 +35,32 @@ cudaError_t launch(Params p, int par, int sms, int device, cudaStream_t stream) 
     occupancy[device] = blocks;
   }
   const int64_t slots = static_cast<int64_t>(sms) * kMaxBlocksPerSm * 2 * kMaxTileElems / (2 * C::R * C::W);
-  const int64_t resident = static_cast<int64_t>(sms) * occupancy[device];
-  p.blocks_per_chunk = static_cast<int>((resident < slots ? resident : slots) / par);
+  int64_t blocks = static_cast<int64_t>(sms) * occupancy[device];
+  if (blocks > slots) blocks = slots;
+  // At least kMinTiles tiles per block: on short layers fewer, longer runs leave fewer split-k parts to add up.
+  const int64_t tiles = static_cast<int64_t>(p.n / C::W) * (p.k / (32 * C::KT));
+  if (blocks * kMinTiles > tiles * par) blocks = (tiles * par + kMinTiles - 1) / kMinTiles;
+  if (blocks < par) blocks = par;
+  p.blocks_per_chunk = static_cast<int>(blocks / par);
   if (p.blocks_per_chunk < 1) return cudaErrorInvalidConfiguration;
   kernel<<<par * p.blocks_per_chunk, C::THREADS, C::SMEM, stream>>>(p);
   return cudaGetLastError();
 }
 
 struct Choice {
-  int tt, ns, stages;
+  int tt, ns, kq, stages;
 };
 
-// Every compiled configuration (TT, NS, STAGES).
-#define MARLIN24_CONFIGS(X) X(1, 1, 4) X(2, 1, 4) X(4, 2, 8) X(4, 1, 8) X(4, 2, 4) X(4, 1, 4)
+// Every compiled configuration (TT, NS, KQ, STAGES): the ones `choose` can pick.
+#define MARLIN24_CONFIGS(X)                                                                     \
+  X(1, 1, 2, 4) X(1, 1, 1, 4)                                                                    \
+  X(2, 2, 2, 4) X(2, 2, 1, 4) X(2, 1, 2, 4) X(2, 1, 1, 4)                                        \
+  X(4, 2, 2, 8) X(4, 2, 1, 8) X(4, 1, 2, 8) X(4, 1, 1, 8)                                        \
+  X(4, 2, 2, 4) X(4, 2, 1, 4) X(4, 1, 2, 4) X(4, 1, 1, 4)
 
 int smem_of(const Choice& c) {
-#define MARLIN24_SMEM(TT, NS, ST) \
-  if (c.tt == TT && c.ns == NS && c.stages == ST) return Cfg<TT, NS, ST>::SMEM;
+#define MARLIN24_SMEM(TT, NS, KQ, ST) \
+  if (c.tt == TT && c.ns == NS && c.kq == KQ && c.stages == ST) return Cfg<TT, NS, KQ, ST>::SMEM;
   MARLIN24_CONFIGS(MARLIN24_SMEM)
 #undef MARLIN24_SMEM
   return -1;
@@ -58,23 +68,26 @@ int smem_of(const Choice& c) {
 
 cudaError_t launch_choice(const Choice& c, bool grouped, const Params& p, int par, int sms, int device,
                           cudaStream_t stream) {
-#define MARLIN24_LAUNCH(TT, NS, ST)                                                               \
-  if (c.tt == TT && c.ns == NS && c.stages == ST) {                                               \
-    return grouped ? launch<Cfg<TT, NS, ST>, true>(p, par, sms, device, stream)                  \
-                   : launch<Cfg<TT, NS, ST>, false>(p, par, sms, device, stream);                \
+#define MARLIN24_LAUNCH(TT, NS, KQ, ST)                                                           \
+  if (c.tt == TT && c.ns == NS && c.kq == KQ && c.stages == ST) {                                 \
+    return grouped ? launch<Cfg<TT, NS, KQ, ST>, true>(p, par, sms, device, stream)              \
+                   : launch<Cfg<TT, NS, KQ, ST>, false>(p, par, sms, device, stream);            \
   }
   MARLIN24_CONFIGS(MARLIN24_LAUNCH)
 #undef MARLIN24_LAUNCH
   return cudaErrorInvalidConfiguration;
 }
 
-// 8-row tiles of A by m (one 8-row tile at m <= 8: no work on rows that do not exist), the widest strip dividing n,
-// the deepest ring that fits the shared memory.
-bool choose(int m, int n, int smem_cap, Choice* out) {
+// 8-row tiles of A by m (one 8-row tile at m <= 8: no work on rows that do not exist); 256-column blocks of 8 warps
+// for m > 8, 128-column blocks of 4 warps at m <= 8 (perf-log s2, s4); two k32 rows per warp per stage where k
+// allows; the deepest ring that fits the shared memory.
+bool choose(int m, int n, int k, int smem_cap, Choice* out) {
   const int tt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
-  for (int ns = tt == 4 && n % 256 == 0 ? 2 : 1; ns >= 1; --ns) {
+  const int ns_want = tt == 1 ? 1 : 2;
+  const int kq = k % 256 == 0 ? 2 : 1;
+  for (int ns = n % (128 * ns_want) == 0 ? ns_want : 1; ns >= 1; --ns) {
     for (int stages : {8, 4}) {
-      const Choice c{tt, ns, stages};
+      const Choice c{tt, ns, kq, stages};
       const int smem = smem_of(c);
       if (smem > 0 && smem <= smem_cap) {
         *out = c;
@@ -105,7 +118,7 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   }
 
   Choice choice;
-  if (!choose(g.m, g.n, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
+  if (!choose(g.m, g.n, g.k, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
   const int rows = 8 * choice.tt;
   const int chunks = (g.m + rows - 1) / rows;
   const int max_par = g.sms >= 16 ? 16 : g.sms;  // chunks side by side: each group keeps >= 8 blocks on the H200

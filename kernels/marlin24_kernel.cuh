@@ -16,13 +16,14 @@
 //   warp's 128 columns (marlin24.meta_perm). Each lane loads its four words (j = 0..3) and passes word j to both
 //   selectors; only the selected threads' copies are read.
 // - Work partition, pipeline and split-k fixup follow the dense kernel (marlin_kernel.cuh): tiles of (column strip,
-//   128 K) numbered column by column, one contiguous run per block, partial strips combined through the workspace
-//   in block order (bit-reproducible), a cp.async ring of STAGES stages.
-// - Block: NS column warps (128 columns each) x 4 k warps (one k32 row of each 128-deep stage each); m in chunks of
-//   8 * TT rows (TT 8-row tiles of operand B), several chunks side by side.
+//   stage depth) numbered column by column, one contiguous run per block, partial strips combined through the
+//   workspace in block order (bit-reproducible), a cp.async ring of STAGES stages.
+// - Block: NS column warps (128 columns each) x 4 k warps, each taking KQ k32 rows of every 128 * KQ-deep stage;
+//   m in chunks of 8 * TT rows (TT 8-row tiles of operand B), several chunks side by side.
 #pragma once
 
 #include "marlin24.h"
+
 #include "marlin_kernel.cuh"  // PTX wrappers (cp.async, ldmatrix), int4 -> fp16 dequantization, fp16x2 helpers
 
 namespace marlin_cli {
@@ -51,30 +52,43 @@ __device__ __forceinline__ void mma_sp_16832(const uint32_t (&a)[4], const uint3
         "n"(SEL));
 }
 
-template <int TT_, int NS_, int STAGES_>
+template <int TT_, int NS_, int KQ_, int STAGES_>
 struct Cfg {
   static constexpr int TT = TT_;          // 8-row tiles of A per chunk (chunk = 8 * TT rows)
   static constexpr int NS = NS_;          // 128-column warp strips per block
+  static constexpr int KQ = KQ_;          // k32 rows per warp per stage
   static constexpr int STAGES = STAGES_;  // depth of the cp.async ring
-  static constexpr int NK = 4;            // k warps: one k32 row of each 128-deep stage each
+  static constexpr int NK = 4;            // k warps
+  static constexpr int KT = NK * KQ;      // k32 rows per stage (the stage is 32 * KT deep)
   static constexpr int WARPS = NS * NK;
   static constexpr int THREADS = 32 * WARPS;
   static constexpr int R = 8 * TT;        // rows of the A / C tile
   static constexpr int W = 128 * NS;      // columns of the block tile
-  static constexpr int A_CHUNKS = 16;     // 16-byte chunks per A row per stage (128 K)
+  static constexpr int A_CHUNKS = 4 * KT;       // 16-byte chunks per A row per stage
   static constexpr int A_STAGE = R * A_CHUNKS;  // int4 per stage
-  static constexpr int B_STAGE = NK * NS * 64;  // 4 packed k32 rows x 128 columns: 1 KB per row and strip
-  static constexpr int M_STAGE = NK * NS * 32;  // metadata: 512 B per k32 row and strip
-  static constexpr int S_STAGE = 4 * NS * 16;   // up to 4 scale rows (group size 32), W / 8 int4 each
+  static constexpr int B_STAGE = KT * NS * 64;  // packed k32 rows x 128 columns: 1 KB per row and strip
+  static constexpr int M_STAGE = KT * NS * 32;  // metadata: 512 B per k32 row and strip
+  static constexpr int S_STAGE = KT * NS * 16;  // up to KT scale rows (group size 32), W / 8 int4 each
   static constexpr int STAGE = A_STAGE + B_STAGE + M_STAGE + S_STAGE;
   static constexpr int RED_STRIDE = W + 4;  // floats; see red_col
   static constexpr int RED = R * RED_STRIDE;
   static constexpr int SMEM = STAGES * STAGE * 16 + RED * 4;
-  // Short chunks: four blocks of 4 warps per SM (<= 128 registers), so one block's math covers another's waits.
-  static constexpr int MIN_BLOCKS = TT <= 2 ? 4 : 1;
-  static_assert(B_STAGE == 2 * THREADS && M_STAGE == THREADS, "every thread copies 2 B chunks and 1 metadata chunk");
-  static_assert(S_STAGE <= THREADS, "one scale chunk per thread at most");
+  // Short chunks: 512 threads per SM for 8-row tiles (<= 128 registers), 384 for 16-row tiles (<= 168: their 64
+  // accumulators plus fragments spill at 128), so one block's math covers another's waits where blocks are small.
+  static constexpr int MIN_BLOCKS = TT == 1 ? 512 / THREADS : TT == 2 ? 384 / THREADS : 1;
+  static_assert(B_STAGE == 2 * KQ * THREADS && M_STAGE == KQ * THREADS, "every thread copies the same B and metadata");
+  static_assert(S_STAGE <= KQ * THREADS, "KQ scale chunks per thread at most");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
+};
+
+// The four 32-bit words of a 16-byte shared-memory load.
+struct Words {
+  uint32_t w[4] = {0, 0, 0, 0};
+  Words() = default;
+  __device__ explicit Words(const int4& v)
+      : w{static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y), static_cast<uint32_t>(v.z),
+          static_cast<uint32_t>(v.w)} {}
+  __device__ uint32_t operator[](int i) const { return w[i]; }
 };
 
 struct Params {
@@ -106,7 +120,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   const int lane = tid % 32;
   const int warp = tid / 32;
   const int n_warp = warp % C::NS;
-  const int k_warp = warp / C::NS;  // the k32 row of each stage this warp computes
+  const int k_warp = warp / C::NS;  // which KQ k32 rows of each stage this warp computes
   const int g = lane / 4, t = lane % 4;
 
   const int chunk = blockIdx.x / p.blocks_per_chunk;
@@ -115,7 +129,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   if (m_rows <= 0) return;
 
   const int n_cols = p.n / C::W;
-  const int k_tiles = p.k / 128;
+  const int k_tiles = p.k / (32 * C::KT);
   const int total = n_cols * k_tiles;
   const int iters = (total + p.blocks_per_chunk - 1) / p.blocks_per_chunk;
   const int t_begin = bid * iters;
@@ -131,23 +145,31 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   const int a_row = p.k / 8;  // int4 per A row
 
   // --- loads of one stage: per-thread parts fixed, tile bases advanced by additions -----------------------------
-  // B: thread copies entries e = tid, tid + THREADS of the stage's 4 x (W / 2) chunks. Within each 128-column row
+  // B: thread copies entries e = tid + i * THREADS of the stage's KT x (W / 2) chunks. Within each 128-column row
   // (64 chunks) chunks 8g + t and 8g + 4 + t trade places for odd g, so the 8 lanes of one phase of a 16-byte
   // shared load (two groups g) hit 8 different bank groups.
-  int64_t b_src[2];
-  int b_dst[2];
+  constexpr int B_PER = C::B_STAGE / C::THREADS;
+  int64_t b_src[B_PER];
+  int b_dst[B_PER];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < B_PER; ++i) {
     const int e = tid + i * C::THREADS;
     b_src[i] = static_cast<int64_t>(e / (C::W / 2)) * b_row + e % (C::W / 2);
     b_dst[i] = e ^ ((e >> 1) & 4);
   }
-  // Metadata: one chunk per thread; within each 128-column row (32 chunks = 4 blocks of 8) chunk q of block B sits
-  // at q ^ B, which makes the lanes' word loads conflict-free (see m_off).
-  const int64_t m_src = static_cast<int64_t>(tid / (C::W / 4)) * m_row + tid % (C::W / 4);
-  const int m_dst = tid ^ ((tid >> 3) & 3);
-  // A: R rows x 16 chunks, chunk j of row r at r * 16 + (j ^ (r % 8)) (conflict-free ldmatrix); rows past m are
-  // zero-filled without a global read.
+  // Metadata: within each 128-column row (32 chunks = 4 blocks of 8) chunk q of block B sits at q ^ B, which makes
+  // the lanes' word loads conflict-free (see m_off).
+  constexpr int M_PER = C::M_STAGE / C::THREADS;
+  int64_t m_src[M_PER];
+  int m_dst[M_PER];
+#pragma unroll
+  for (int i = 0; i < M_PER; ++i) {
+    const int e = tid + i * C::THREADS;
+    m_src[i] = static_cast<int64_t>(e / (C::W / 4)) * m_row + e % (C::W / 4);
+    m_dst[i] = e ^ ((e >> 3) & 3);
+  }
+  // A: R rows x A_CHUNKS chunks, chunk j of row r at r * A_CHUNKS + (j ^ (r % 8)) (conflict-free ldmatrix); rows
+  // past m are zero-filled without a global read.
   constexpr int A_PER = (C::A_STAGE + C::THREADS - 1) / C::THREADS;
   int a_src[A_PER], a_dst[A_PER], a_bytes[A_PER];
 #pragma unroll
@@ -160,10 +182,16 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
     a_dst[i] = r * C::A_CHUNKS + (j ^ (r % 8));
     a_bytes[i] = ok ? 16 : 0;
   }
-  // Scales: the 128 >> (5 + lg_group) group rows of a stage, W / 8 chunks each.
-  const int s_rows = 4 >> p.lg_group;
-  const bool s_copy = GROUPED && tid < s_rows * (C::W / 8);
-  const int64_t s_src = static_cast<int64_t>(tid / (C::W / 8)) * s_row + tid % (C::W / 8);
+  // Scales: the KT >> lg_group group rows of a stage, W / 8 chunks each.
+  const int s_rows = C::KT >> p.lg_group;
+  const int s_count = GROUPED ? s_rows * (C::W / 8) : 0;
+  constexpr int S_PER = (C::S_STAGE + C::THREADS - 1) / C::THREADS;
+  int64_t s_src[S_PER];
+#pragma unroll
+  for (int i = 0; i < S_PER; ++i) {
+    const int e = tid + i * C::THREADS;
+    s_src[i] = static_cast<int64_t>(e / (C::W / 8)) * s_row + e % (C::W / 8);
+  }
 
   int ld_col = t_begin / k_tiles;
   int ld_kt = t_begin - ld_col * k_tiles;
@@ -172,17 +200,24 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
     int4* sb = sa + C::A_STAGE;
     int4* sm = sb + C::B_STAGE;
     int4* ss = sm + C::M_STAGE;
-    const int64_t row = static_cast<int64_t>(ld_kt) * 4;  // first k32 row of the tile
+    const int64_t row = static_cast<int64_t>(ld_kt) * C::KT;  // first k32 row of the tile
+    const int4* b_base = p.b + row * b_row + ld_col * (C::W / 2);
+    const int4* m_base = p.meta + row * m_row + ld_col * (C::W / 4);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) cp_async16(sb + b_dst[i], p.b + row * b_row + ld_col * (C::W / 2) + b_src[i]);
-    cp_async16(sm + m_dst, p.meta + row * m_row + ld_col * (C::W / 4) + m_src);
+    for (int i = 0; i < B_PER; ++i) cp_async16(sb + b_dst[i], b_base + b_src[i]);
+#pragma unroll
+    for (int i = 0; i < M_PER; ++i) cp_async16(sm + m_dst[i], m_base + m_src[i]);
 #pragma unroll
     for (int i = 0; i < A_PER; ++i) {
       if (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE) {
         cp_async16_zfill(sa + a_dst[i], a_g + ld_kt * C::A_CHUNKS + a_src[i], a_bytes[i]);
       }
     }
-    if (s_copy) cp_async16(ss + tid, p.s + static_cast<int64_t>(ld_kt) * s_rows * s_row + ld_col * (C::W / 8) + s_src);
+    const int4* s_base = p.s + static_cast<int64_t>(ld_kt) * s_rows * s_row + ld_col * (C::W / 8);
+#pragma unroll
+    for (int i = 0; i < S_PER; ++i) {
+      if (tid + i * C::THREADS < s_count) cp_async16(ss + tid + i * C::THREADS, s_base + s_src[i]);
+    }
     if (++ld_kt == k_tiles) {
       ld_kt = 0;
       ++ld_col;
@@ -190,7 +225,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   };
 
   // --- per-thread shared-memory offsets, fixed for the whole kernel --------------------------------------------
-  const int strip = k_warp * C::NS + n_warp;  // this warp's (k32 row, 128 columns) region of a stage
+  // Warp (n_warp, k_warp) computes k32 rows k_warp * KQ + qq of each stage; row q of strip n_warp is the region
+  // q * NS + n_warp of the stage's B (64 chunks) and metadata (32 chunks).
+  const int strip = k_warp * C::KQ * C::NS + n_warp;
   const int b_x = C::A_STAGE + strip * 64 + 8 * g + t + 4 * (g & 1);        // chunk 8g + t (swizzled)
   const int b_y = C::A_STAGE + strip * 64 + 8 * g + t + 4 * (1 - (g & 1));  // chunk 8g + 4 + t
   int m_off[4];  // uint32 offsets of the four metadata words
@@ -200,9 +237,14 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
     const int q = 4 * (t / 2) + (j ^ blk);  // chunk j + 4p of block g / 2, swizzled
     m_off[j] = (C::A_STAGE + C::B_STAGE + strip * 32 + 8 * blk + q) * 4 + 2 * (g & 1) + (t & 1);
   }
-  const int s_off = C::A_STAGE + C::B_STAGE + C::M_STAGE + (k_warp >> p.lg_group) * (C::W / 8) + n_warp * 16 + 2 * g;
-  // ldmatrix.x4 of 8 rows x 32 K: lanes 8m..8m+7 address rows 0..7 of K chunk 4 k_warp + m.
-  const int a_off = (lane % 8) * C::A_CHUNKS + ((4 * k_warp + lane / 8) ^ (lane % 8));
+  int s_off[C::KQ], a_off[C::KQ];
+#pragma unroll
+  for (int qq = 0; qq < C::KQ; ++qq) {
+    const int q = k_warp * C::KQ + qq;
+    s_off[qq] = C::A_STAGE + C::B_STAGE + C::M_STAGE + (q >> p.lg_group) * (C::W / 8) + n_warp * 16 + 2 * g;
+    // ldmatrix.x4 of 8 rows x 32 K: lanes 8m..8m+7 address rows 0..7 of K chunk 4q + m.
+    a_off[qq] = (lane % 8) * C::A_CHUNKS + ((4 * q + lane / 8) ^ (lane % 8));
+  }
 
   // TT row tiles x 8 mma tiles (j, p) x 4: independent accumulator chains, one per mma.
   float acc[C::TT][4][2][4];
@@ -219,50 +261,45 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   zero_acc();
 
   auto compute_stage = [&](const int4* st) {
-    uint32_t af[C::TT][4];
 #pragma unroll
-    for (int i = 0; i < C::TT; ++i) ldmatrix_x4(af[i], st + a_off + i * 8 * C::A_CHUNKS);
-    const int4 bx = st[b_x], by = st[b_y];
-    const uint32_t* st32 = reinterpret_cast<const uint32_t*>(st);
-    uint32_t mw[4];
+    for (int qq = 0; qq < C::KQ; ++qq) {
+      uint32_t af[C::TT][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) mw[j] = st32[m_off[j]];
-    int4 sx = make_int4(0, 0, 0, 0), sy = sx;
-    if (GROUPED) {
-      sx = st[s_off];
-      sy = st[s_off + 1];
-    }
-    const uint32_t wx[4] = {static_cast<uint32_t>(bx.x), static_cast<uint32_t>(bx.y), static_cast<uint32_t>(bx.z),
-                            static_cast<uint32_t>(bx.w)};
-    const uint32_t wy[4] = {static_cast<uint32_t>(by.x), static_cast<uint32_t>(by.y), static_cast<uint32_t>(by.z),
-                            static_cast<uint32_t>(by.w)};
-    const uint32_t vx[4] = {static_cast<uint32_t>(sx.x), static_cast<uint32_t>(sx.y), static_cast<uint32_t>(sx.z),
-                            static_cast<uint32_t>(sx.w)};
-    const uint32_t vy[4] = {static_cast<uint32_t>(sy.x), static_cast<uint32_t>(sy.y), static_cast<uint32_t>(sy.z),
-                            static_cast<uint32_t>(sy.w)};
+      for (int i = 0; i < C::TT; ++i) ldmatrix_x4(af[i], st + a_off[qq] + i * 8 * C::A_CHUNKS);
+      const Words wx(st[b_x + qq * C::NS * 64]), wy(st[b_y + qq * C::NS * 64]);
+      const uint32_t* st32 = reinterpret_cast<const uint32_t*>(st);
+      uint32_t mw[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // x0 / x1: rows 16g + j / + 4 (chunk 8g + t); y0 / y1: rows 16g + 8 + j / + 4 (chunk 8g + 4 + t)
-      uint32_t x0[2], x1[2], y0[2], y1[2];
-      dequant(wx[j], x0, x1);
-      dequant(wy[j], y0, y1);
-      if (GROUPED) {  // packed scales pair the columns j and j + 4 of each run of 8 (marlin24.scale_perm)
-        const uint32_t sx0 = bcast_lo(vx[j]), sx1 = bcast_hi(vx[j]), sy0 = bcast_lo(vy[j]), sy1 = bcast_hi(vy[j]);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          x0[h] = hmul2(x0[h], sx0);
-          x1[h] = hmul2(x1[h], sx1);
-          y0[h] = hmul2(y0[h], sy0);
-          y1[h] = hmul2(y1[h], sy1);
-        }
+      for (int j = 0; j < 4; ++j) mw[j] = st32[m_off[j] + qq * C::NS * 32 * 4];
+      Words vx, vy;
+      if (GROUPED) {
+        vx = Words(st[s_off[qq]]);
+        vy = Words(st[s_off[qq] + 1]);
       }
-      // A fragment: row g (K chunk t, then t + 4) and row g + 8 interleaved as mma.sp reads them
-      const uint32_t a0[4] = {x0[0], y0[0], x0[1], y0[1]};
-      const uint32_t a1[4] = {x1[0], y1[0], x1[1], y1[1]};
 #pragma unroll
-      for (int i = 0; i < C::TT; ++i) {
-        mma_sp_16832<0>(a0, af[i], mw[j], acc[i][j][0]);
-        mma_sp_16832<1>(a1, af[i], mw[j], acc[i][j][1]);
+      for (int j = 0; j < 4; ++j) {
+        // x0 / x1: rows 16g + j / + 4 (chunk 8g + t); y0 / y1: rows 16g + 8 + j / + 4 (chunk 8g + 4 + t)
+        uint32_t x0[2], x1[2], y0[2], y1[2];
+        dequant(wx[j], x0, x1);
+        dequant(wy[j], y0, y1);
+        if (GROUPED) {  // packed scales pair the columns j and j + 4 of each run of 8 (marlin24.scale_perm)
+          const uint32_t sx0 = bcast_lo(vx[j]), sx1 = bcast_hi(vx[j]), sy0 = bcast_lo(vy[j]), sy1 = bcast_hi(vy[j]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            x0[h] = hmul2(x0[h], sx0);
+            x1[h] = hmul2(x1[h], sx1);
+            y0[h] = hmul2(y0[h], sy0);
+            y1[h] = hmul2(y1[h], sy1);
+          }
+        }
+        // A fragment: row g (K chunk t, then t + 4) and row g + 8 interleaved as mma.sp reads them
+        const uint32_t a0[4] = {x0[0], y0[0], x0[1], y0[1]};
+        const uint32_t a1[4] = {x1[0], y1[0], x1[1], y1[1]};
+#pragma unroll
+        for (int i = 0; i < C::TT; ++i) {
+          mma_sp_16832<0>(a0, af[i], mw[j], acc[i][j][0]);
+          mma_sp_16832<1>(a1, af[i], mw[j], acc[i][j][1]);
+        }
       }
     }
   };
@@ -357,12 +394,25 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
       if (s_last) {
         for (int e = tid; e < groups8; e += C::THREADS) {
           if (e / (C::W / 8) >= m_rows) continue;
+          // Loads of 4 parts are issued before their adds: one L2 round trip per 4 parts instead of per part (a
+          // strip of a small layer has ~16 parts, and this loop is on the critical path). Same order of adds; one
+          // half of the 8 columns at a time keeps the registers within the short chunks' budget.
           float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-          for (int b = bid_lo; b <= bid_hi; ++b) {
-            const float4* src = reinterpret_cast<const float4*>(slot(b) + e * 8);
-            const float4 x = __ldcg(src), y = __ldcg(src + 1);
-            v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w;
-            v[4] += y.x, v[5] += y.y, v[6] += y.z, v[7] += y.w;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            for (int b0 = bid_lo; b0 <= bid_hi; b0 += 4) {
+              float4 x[4];
+#pragma unroll
+              for (int u = 0; u < 4; ++u) {
+                if (b0 + u <= bid_hi) x[u] = __ldcg(reinterpret_cast<const float4*>(slot(b0 + u) + e * 8) + h);
+              }
+#pragma unroll
+              for (int u = 0; u < 4; ++u) {
+                if (b0 + u <= bid_hi) {
+                  v[4 * h] += x[u].x, v[4 * h + 1] += x[u].y, v[4 * h + 2] += x[u].z, v[4 * h + 3] += x[u].w;
+                }
+              }
+            }
           }
           store(e, v);
         }
