@@ -144,7 +144,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   const int s_row = p.n / 8;  // int4 per scale row
   const int a_row = p.k / 8;  // int4 per A row
 
-  // --- loads of one stage: per-thread parts fixed, tile bases advanced by additions -----------------------------
+  // --- loads of one stage: per-thread parts computed once, the tile's bases once per stage -----------------------
+  // Entry e of a stage's copy of rows of `width` chunks, from global rows `stride` chunks apart.
+  auto source = [](int e, int width, int stride) { return static_cast<int64_t>(e / width) * stride + e % width; };
   // B: thread copies entries e = tid + i * THREADS of the stage's KT x (W / 2) chunks. Within each 128-column row
   // (64 chunks) chunks 8g + t and 8g + 4 + t trade places for odd g, so the 8 lanes of one phase of a 16-byte
   // shared load (two groups g) hit 8 different bank groups.
@@ -154,7 +156,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 #pragma unroll
   for (int i = 0; i < B_PER; ++i) {
     const int e = tid + i * C::THREADS;
-    b_src[i] = static_cast<int64_t>(e / (C::W / 2)) * b_row + e % (C::W / 2);
+    b_src[i] = source(e, C::W / 2, b_row);
     b_dst[i] = e ^ ((e >> 1) & 4);
   }
   // Metadata: within each 128-column row (32 chunks = 4 blocks of 8) chunk q of block B sits at q ^ B, which makes
@@ -165,7 +167,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 #pragma unroll
   for (int i = 0; i < M_PER; ++i) {
     const int e = tid + i * C::THREADS;
-    m_src[i] = static_cast<int64_t>(e / (C::W / 4)) * m_row + e % (C::W / 4);
+    m_src[i] = source(e, C::W / 4, m_row);
     m_dst[i] = e ^ ((e >> 3) & 3);
   }
   // A: R rows x A_CHUNKS chunks, chunk j of row r at r * A_CHUNKS + (j ^ (r % 8)) (conflict-free ldmatrix); rows
@@ -188,10 +190,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   constexpr int S_PER = (C::S_STAGE + C::THREADS - 1) / C::THREADS;
   int64_t s_src[S_PER];
 #pragma unroll
-  for (int i = 0; i < S_PER; ++i) {
-    const int e = tid + i * C::THREADS;
-    s_src[i] = static_cast<int64_t>(e / (C::W / 8)) * s_row + e % (C::W / 8);
-  }
+  for (int i = 0; i < S_PER; ++i) s_src[i] = source(tid + i * C::THREADS, C::W / 8, s_row);
 
   int ld_col = t_begin / k_tiles;
   int ld_kt = t_begin - ld_col * k_tiles;

@@ -18,24 +18,19 @@ import functools
 
 import torch
 
-from marlin_cli.config import GROUP_SIZES
 from marlin_cli.errors import CheckpointError, ShapeError
+from marlin_cli.formats import marlin
 from marlin_cli.grid import ZERO
 
 TILE = 16
 
 
 def shape_problem(k: int, n: int, group_size: int) -> str | None:
-    """Why a (K, N) layer cannot be stored in the 2:4 layout with `group_size`, or None when it can."""
-    if k % 128:
-        return f"in_features={k} is not a multiple of 128 (2:4 Marlin tile)"
+    """Why a (K, N) layer cannot be stored in the 2:4 layout with `group_size`, or None when it can: the dense
+    layout's rules, with N a multiple of 128 (a warp of the 2:4 kernel owns 128 output columns)."""
     if n % 128:
         return f"out_features={n} is not a multiple of 128 (2:4 Marlin tile)"
-    if group_size not in GROUP_SIZES:
-        return f"group size {group_size} is not one of {GROUP_SIZES}"
-    if group_size != -1 and k % group_size:
-        return f"in_features={k} is not a multiple of the group size {group_size}"
-    return None
+    return marlin.shape_problem(k, n, group_size)
 
 
 @functools.cache

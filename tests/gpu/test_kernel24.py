@@ -12,7 +12,7 @@ import functools
 
 import pytest
 import torch
-from gpu_helpers import random_operands24, rel_error
+from gpu_helpers import poison, random_operands24, rel_error
 
 from marlin_cli.errors import ShapeError
 from marlin_cli.formats import marlin24
@@ -27,12 +27,6 @@ LLAMA3_70B = ((8192, 10240), (28672, 8192))
 MINILM = ((384, 384), (384, 1536), (1536, 384))
 
 
-def _poison(m: int, n: int) -> None:
-    """Leave a NaN-filled block of C's size in the caching allocator, so the op's fresh output starts as NaN."""
-    t = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
-    del t
-
-
 @functools.lru_cache(maxsize=4)
 def _layer(k: int, n: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A random 2:4 layer and its float32 dequantized weights (unpacked on the GPU), shared by the M sweeps."""
@@ -44,7 +38,7 @@ def _check(m: int, k: int, n: int, group: int) -> float:
     b24, meta, s, w = _layer(k, n, group)
     a = torch.randn(m, k, generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").half()
     ref = a.float() @ w
-    _poison(m, n)
+    poison(m, n)
     c = ops.gemm24(a, b24, meta, s)
     torch.cuda.synchronize()
     assert c.shape == (m, n) and c.dtype == torch.float16
@@ -70,7 +64,7 @@ def test_against_reference_module(group: int) -> None:
     codes = (torch.round(w / scales.repeat_interleave(512 // groups, 0)).clamp(-8, 7) + 8).to(torch.uint8)
     packed = {name: t.cuda() for name, t in marlin24.pack(codes, scales).items()}
     a = torch.randn(33, 512, device="cuda").half()
-    _poison(33, 384)
+    poison(33, 384)
     c = ops.gemm24(a, packed["B_24"], packed["B_meta"], packed["s"])
     ref = reference.gemm24(a.cpu().float(), *(t.cpu() for t in packed.values()))
     assert rel_error(c.cpu(), ref) <= TOL
@@ -106,7 +100,7 @@ def test_repeatable(m: int, k: int, n: int) -> None:
     a, b24, meta, s = random_operands24(m, k, n, 128, seed=5)
     first = ops.gemm24(a, b24, meta, s)
     for _ in range(3):
-        _poison(m, n)
+        poison(m, n)
         assert torch.equal(ops.gemm24(a, b24, meta, s), first)
 
 
