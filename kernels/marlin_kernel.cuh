@@ -17,8 +17,9 @@
 //   group re-reads the weights, mostly from L2 since the groups walk the same tiles at the same time.
 // - Inside a block: 8 warps = NS column warps (64 columns each) x NK k warps; the k warps of a strip split every
 //   k-tile between them and their partial sums are added in shared memory at the end of a run.
-// - Loads are 16-byte cp.async into a STAGES-deep ring; the ring slot is one register, advanced once per stage in the
-//   loop, so every shared-memory address in the inner loop is a per-thread, per-stage base plus an immediate.
+// - Loads are 16-byte cp.async into a STAGES-deep ring; the ring slot's shared-memory address is one register,
+//   advanced once per stage in the loop, so every shared-memory access in the inner loop is that slot plus a
+//   per-thread offset fixed for the whole kernel plus an immediate.
 #pragma once
 
 #include "marlin.h"
@@ -53,6 +54,14 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int
                : "memory");
 }
 
+// The same two copies to a shared-memory address (smem_addr), so a stage's destinations are one base plus offsets.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int N>
@@ -65,6 +74,19 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// 16 bytes from a shared-memory address.
+__device__ __forceinline__ int4 lds128(uint32_t addr) {
+  int4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
 }
 
 __device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], const uint32_t (&b)[2], float (&c)[4]) {
@@ -120,9 +142,18 @@ __device__ __forceinline__ void dequant(uint32_t q, uint32_t (&f0)[2], uint32_t 
   f1[1] = hfma2(hi1, kMul, kAdd);
 }
 
-// Broadcast the low / high fp16 of a word to both halves.
-__device__ __forceinline__ uint32_t bcast_lo(uint32_t w) { return __byte_perm(w, 0, 0x1010); }
-__device__ __forceinline__ uint32_t bcast_hi(uint32_t w) { return __byte_perm(w, 0, 0x3232); }
+// Broadcast the low / high fp16 of a word to both halves. Written as a PTX move (not a byte permute) so that ptxas
+// folds it into the consuming f16x2 instruction as an operand selector (.H0_H0 / .H1_H1): no instruction of its own.
+__device__ __forceinline__ uint32_t bcast_lo(uint32_t w) {
+  uint32_t r;
+  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {l, l};}\n" : "=r"(r) : "r"(w));
+  return r;
+}
+__device__ __forceinline__ uint32_t bcast_hi(uint32_t w) {
+  uint32_t r;
+  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {h, h};}\n" : "=r"(r) : "r"(w));
+  return r;
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Kernel configuration
@@ -209,17 +240,20 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   // --- loads of one stage ---------------------------------------------------------------------------------------
   // Every thread's share of a stage is fixed: only the tile's (column strip, k-tile) base moves. The per-thread parts
   // are computed here once; the bases of the next stage to load live in registers and advance by additions, so a
-  // stage's copies cost no index arithmetic beyond one add per pointer.
+  // stage's copies cost no index arithmetic beyond one add per pointer. Shared-memory destinations are byte offsets
+  // from the slot's address.
   // B: KT packed rows x NS strips x 32 lanes, copied in order (so a lane later reads its own 16 bytes); thread tid
   // copies rows tid / (NS * 32) + i * B_PASS, column tid % (NS * 32).
   constexpr int B_PASS = kThreads / (C::NS * 32);
   const int64_t b_thr = static_cast<int64_t>(tid / (C::NS * 32)) * b_row + tid % (C::NS * 32);
   const int64_t b_pass = static_cast<int64_t>(B_PASS) * b_row;
   const int64_t b_stage = static_cast<int64_t>(C::KT) * b_row;
+  const uint32_t b_dst = (C::A_STAGE + tid) * 16;
   // A: R rows x A_CHUNKS chunks; chunk j of row r lands at r * A_CHUNKS + (j ^ (r % 8)), so the 8 rows one
   // ldmatrix phase reads fall in 8 different 16-byte bank groups. Rows past m are zero-filled (no global read).
   constexpr int A_PER = (C::A_STAGE + kThreads - 1) / kThreads;
-  int a_src[A_PER], a_dst[A_PER], a_bytes[A_PER];
+  int a_src[A_PER], a_bytes[A_PER];
+  uint32_t a_dst[A_PER];
 #pragma unroll
   for (int i = 0; i < A_PER; ++i) {
     const int idx = tid + i * kThreads;
@@ -227,84 +261,91 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
     const int j = idx % C::A_CHUNKS;
     const bool ok = r < m_rows && (C::A_STAGE % kThreads == 0 || idx < C::A_STAGE);
     a_src[i] = (ok ? r : 0) * a_row + j;
-    a_dst[i] = r * C::A_CHUNKS + (j ^ (r % 8));
+    a_dst[i] = (r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
     a_bytes[i] = ok ? 16 : 0;
   }
-  // Scales: the group rows a stage spans (one row when a group spans several stages), NS * 8 int4 each.
+  // Scales: the group rows a stage spans (one row when a group spans several stages), NS * 8 int4 each. The row of
+  // the next stage is ld_g8 / 8 (ld_g8 counts group rows times 8, exact for any group).
   const int s_rows = max(1, C::KT >> p.lg_group);
   const bool s_copy = GROUPED && tid < s_rows * C::NS * 8;
   const int s_thr = (tid / (C::NS * 8)) * s_row + tid % (C::NS * 8);
-  const int s_stage_rows = (C::KT << 3) >> p.lg_group;  // group rows per k-tile times 8 (exact for any group)
+  const int s_stage_rows = (C::KT << 3) >> p.lg_group;
+  const uint32_t s_dst = (C::A_STAGE + C::B_STAGE + tid) * 16;
   // Next tile to load: its column strip and k-tile, and the matching bases.
   int ld_col = t_begin / k_tiles;
   int ld_kt = t_begin - ld_col * k_tiles;
   const int4* ld_b = p.b + static_cast<int64_t>(ld_kt) * b_stage + ld_col * C::NS * 32 + b_thr;
   int ld_a = ld_kt * C::A_CHUNKS;
+  const int4* ld_s = p.s + ld_col * C::NS * 8 + s_thr;
+  int ld_g8 = ld_kt * s_stage_rows;
 
-  auto load_stage = [&](int4* st) {
-    int4* sa = st;
-    int4* sb = st + C::A_STAGE;
-    int4* ss = sb + C::B_STAGE;
+  auto load_stage = [&](uint32_t st) {
 #pragma unroll
-    for (int i = 0; i < C::B_STAGE / kThreads; ++i) cp_async16(sb + tid + i * kThreads, ld_b + i * b_pass);
+    for (int i = 0; i < C::B_STAGE / kThreads; ++i) cp_async16(st + b_dst + i * kThreads * 16, ld_b + i * b_pass);
 #pragma unroll
     for (int i = 0; i < A_PER; ++i) {
       if (C::A_STAGE % kThreads == 0 || tid + i * kThreads < C::A_STAGE) {
-        cp_async16_zfill(sa + a_dst[i], a_g + ld_a + a_src[i], a_bytes[i]);
+        cp_async16_zfill(st + a_dst[i], a_g + (ld_a + a_src[i]), a_bytes[i]);
       }
     }
-    if (s_copy) {
-      const int g = (ld_kt * s_stage_rows) >> 3;
-      cp_async16(ss + tid, p.s + static_cast<int64_t>(g) * s_row + ld_col * C::NS * 8 + s_thr);
-    }
+    if (s_copy) cp_async16(st + s_dst, ld_s + (ld_g8 >> 3) * s_row);  // int: below the scale tensor's int4 count
     // advance to the next tile
     if (++ld_kt == k_tiles) {
       ld_kt = 0;
       ++ld_col;
       ld_b = p.b + ld_col * C::NS * 32 + b_thr;
       ld_a = 0;
+      ld_s = p.s + ld_col * C::NS * 8 + s_thr;
+      ld_g8 = 0;
     } else {
       ld_b += b_stage;
       ld_a += C::A_CHUNKS;
+      ld_g8 += s_stage_rows;
     }
   };
 
-  // --- per-thread shared-memory offsets (int4 units), fixed for the whole kernel --------------------------------
+  // --- per-thread shared-memory byte offsets within a stage, fixed for the whole kernel ------------------------
   // ldmatrix.x4 for an m16k16 A fragment: lanes 0-15 give rows 0-15 at k 0-7, lanes 16-31 rows 0-15 at k 8-15.
-  int a_off[C::KQ], s_off[C::KQ];
+  uint32_t a_off[C::KQ];
 #pragma unroll
   for (int q = 0; q < C::KQ; ++q) {
-    const int jl = k_warp * C::KQ + q;  // k16 tile within the stage
     const int r = lane % 16;
-    const int j = 2 * jl + lane / 16;
-    a_off[q] = r * C::A_CHUNKS + (j ^ (r % 8));
-    // grouped scales: 8 fp16 per lane = the scales of its column in the strip's eight n8 sub-tiles (3.1 step 4)
-    s_off[q] = C::A_STAGE + C::B_STAGE + (jl >> p.lg_group) * C::NS * 8 + n_warp * 8 + lane / 4;
+    const int j = 2 * (k_warp * C::KQ + q) + lane / 16;
+    a_off[q] = (r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
   }
-  const int b_off = C::A_STAGE + (k_warp * C::KQ * C::NS + n_warp) * 32 + lane;
+  const uint32_t b_off = (C::A_STAGE + (k_warp * C::KQ * C::NS + n_warp) * 32 + lane) * 16;
+  // Grouped scales: 8 fp16 per lane = the scales of its column in the strip's eight n8 sub-tiles (3.1 step 4). A
+  // warp's KQ <= 2 k16 tiles start at a multiple of KQ and the smallest group is two k16 tiles, so they share one
+  // group row: one load per stage.
+  static_assert(C::KQ <= 2, "a warp's k16 tiles of a stage must share one group (32 rows)");
+  const uint32_t s_off =
+      (C::A_STAGE + C::B_STAGE + ((k_warp * C::KQ) >> p.lg_group) * C::NS * 8 + n_warp * 8 + lane / 4) * 16;
 
-  // MB x 8 n8 sub-tiles x 4: independent accumulator chains, one per mma.
+  // MB x 8 n8 sub-tiles x 4: independent accumulator chains, one per mma; zeroed at the start of every run.
   float acc[C::MB][8][4];
+  auto zero_acc = [&] {
 #pragma unroll
-  for (int i = 0; i < C::MB; ++i)
+    for (int i = 0; i < C::MB; ++i)
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  };
+  zero_acc();
 
-  auto compute_stage = [&](const int4* st) {
+  auto compute_stage = [&](uint32_t st) {
+    int4 sc = make_int4(0, 0, 0, 0);
+    if (GROUPED) sc = lds128(st + s_off);
+    const uint32_t sw[4] = {static_cast<uint32_t>(sc.x), static_cast<uint32_t>(sc.y),
+                            static_cast<uint32_t>(sc.z), static_cast<uint32_t>(sc.w)};
 #pragma unroll
     for (int q = 0; q < C::KQ; ++q) {
       uint32_t a[C::MB][4];
 #pragma unroll
-      for (int i = 0; i < C::MB; ++i) ldmatrix_x4(a[i], st + a_off[q] + i * 16 * C::A_CHUNKS);
-      const int4 bq = st[b_off + q * C::NS * 32];
-      int4 sc = make_int4(0, 0, 0, 0);
-      if (GROUPED) sc = st[s_off[q]];
+      for (int i = 0; i < C::MB; ++i) ldmatrix_x4(a[i], st + a_off[q] + i * 16 * C::A_CHUNKS * 16);
+      const int4 bq = lds128(st + b_off + q * C::NS * 32 * 16);
       const uint32_t bw[4] = {static_cast<uint32_t>(bq.x), static_cast<uint32_t>(bq.y),
                               static_cast<uint32_t>(bq.z), static_cast<uint32_t>(bq.w)};
-      const uint32_t sw[4] = {static_cast<uint32_t>(sc.x), static_cast<uint32_t>(sc.y),
-                              static_cast<uint32_t>(sc.z), static_cast<uint32_t>(sc.w)};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // the four 16x16 tiles of the strip: n8 sub-tiles 2j and 2j + 1
         uint32_t f0[2], f1[2];
@@ -416,6 +457,8 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
         for (int e = tid; e < groups8; e += kThreads) {
           if (e / (C::W / 8) >= m_rows) continue;
           float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+          // unrolled so that several parts' loads are in flight at once: this runs at the very end of the launch
+#pragma unroll 4
           for (int b = bid_lo; b <= bid_hi; ++b) {
             const float4* src = reinterpret_cast<const float4*>(slot(b) + e * 8);
             const float4 x = __ldcg(src), y = __ldcg(src + 1);
@@ -426,24 +469,21 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < C::MB; ++i)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    zero_acc();
   };
 
   // --- main loop ---------------------------------------------------------------------------------------------
+  constexpr uint32_t STAGE_BYTES = C::STAGE * 16;
+  const uint32_t ring = smem_addr(smem), ring_end = ring + C::STAGES * STAGE_BYTES;
 #pragma unroll
   for (int s = 0; s < C::STAGES - 1; ++s) {
-    if (s < n_iter) load_stage(smem + s * C::STAGE);
+    if (s < n_iter) load_stage(ring + s * STAGE_BYTES);
     cp_async_commit();
   }
   // One copy of the loop body: unrolling it over the ring (static slot addresses) made a 160 KB kernel that ran
-  // out of the instruction cache (v1). The slot base is one register per stage; offsets inside a stage stay static.
+  // out of the instruction cache (v1). The slot addresses are registers; offsets inside a stage stay static.
   int seg_begin = t_begin;
-  int slot = 0, slot_next = C::STAGES - 1;
+  uint32_t slot = ring, slot_next = ring + (C::STAGES - 1) * STAGE_BYTES;
   int cur_col = t_begin / k_tiles;
   int cur_kt = t_begin - cur_col * k_tiles;
 #pragma unroll 1
@@ -451,11 +491,11 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
     cp_async_wait<C::STAGES - 2>();  // stage `it` has landed (one commit per iteration, empty ones included)
     __syncthreads();                 // ... for every thread, and every thread is done with stage it - 1
     const int next = it + C::STAGES - 1;
-    if (next < n_iter) load_stage(smem + slot_next * C::STAGE);
+    if (next < n_iter) load_stage(slot_next);
     cp_async_commit();
-    compute_stage(smem + slot * C::STAGE);
-    slot = slot + 1 == C::STAGES ? 0 : slot + 1;
-    slot_next = slot_next + 1 == C::STAGES ? 0 : slot_next + 1;
+    compute_stage(slot);
+    slot = slot + STAGE_BYTES == ring_end ? ring : slot + STAGE_BYTES;
+    slot_next = slot_next + STAGE_BYTES == ring_end ? ring : slot_next + STAGE_BYTES;
     const bool strip_end = ++cur_kt == k_tiles;
     if (strip_end || it + 1 == n_iter) {
       const int tile = t_begin + it;

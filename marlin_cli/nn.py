@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +10,9 @@ import transformers
 from torch import nn
 from transformers import AutoConfig, AutoModel, PreTrainedModel
 
+from marlin_cli.config import GROUP_SIZES
 from marlin_cli.errors import CheckpointError
-from marlin_cli.io.checkpoint import Checkpoint
+from marlin_cli.io.checkpoint import Checkpoint, read_json_object
 from marlin_cli.kernel import ops, reference
 
 
@@ -45,20 +45,34 @@ class MarlinLinear(nn.Module):
 
 
 def quantization_config(path: Path) -> dict[str, Any]:
-    """The checkpoint's quantization_config; CheckpointError if it is not a Marlin checkpoint."""
-    try:
-        qc = json.loads((path / "config.json").read_text())["quantization_config"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError):
-        raise CheckpointError(f"{path / 'config.json'}: missing or without a quantization_config") from None
-    if (
-        not isinstance(qc, dict)
-        or qc.get("quant_method") != "marlin"
-        or not isinstance(qc.get("quantized_modules"), dict)
-    ):
-        raise CheckpointError(
-            f"{path / 'config.json'}: quantization_config is not a Marlin one (quant_method 'marlin')"
-        )
+    """The checkpoint's quantization_config, checked field by field; CheckpointError naming the field otherwise."""
+    where = path / "config.json"
+    qc = read_json_object(where).get("quantization_config")
+    if not isinstance(qc, dict) or qc.get("quant_method") != "marlin":
+        raise CheckpointError(f"{where}: no Marlin quantization_config (quant_method 'marlin')")
+    problem = _config_problem(qc)
+    if problem is not None:
+        raise CheckpointError(f"{where}: quantization_config {problem}")
     return qc
+
+
+def _config_problem(qc: dict[str, Any]) -> str | None:
+    def whole(v: Any) -> bool:  # JSON true is not 1 and 128.0 is not 128 here
+        return type(v) is int
+
+    if qc.get("bits") != 4 or not whole(qc.get("bits")):
+        return f"bits {qc.get('bits')!r}: the Marlin format stores 4-bit weights"
+    if not whole(qc.get("group_size")) or qc["group_size"] not in GROUP_SIZES:
+        return f"group_size {qc.get('group_size')!r} is not one of {GROUP_SIZES}"
+    if not isinstance(qc.get("desc_act", False), bool):
+        return f"desc_act {qc.get('desc_act')!r} is not true or false"
+    modules = qc.get("quantized_modules")
+    if not isinstance(modules, dict) or not all(
+        isinstance(shape, list) and len(shape) == 2 and all(whole(v) and v > 0 for v in shape)
+        for shape in modules.values()
+    ):
+        return "quantized_modules must map each layer name to [in_features, out_features] (positive integers)"
+    return None
 
 
 def load_quantized(path: Path, device: str | torch.device = "cpu") -> PreTrainedModel:

@@ -180,6 +180,12 @@ def plan_layers(blocks_name: str, blocks: nn.ModuleList, cfg: QuantConfig) -> di
             full = f"{blocks_name}.{b}.{name}"
             problem = marlin.shape_problem(k, n, cfg.group_size)
             plan[full] = LayerReport(full, k, n, "kept" if problem else "quantized", reason=problem)
+        for name, param in block.named_parameters():
+            if param.dim() == 3:  # MoE experts fused into one (experts, ., .) tensor, as transformers 5 stores them
+                shape = tuple(param.shape)
+                reason = f"{shape[0]} fused experts {shape}: not Linear layers, kept in the original dtype"
+                full = f"{blocks_name}.{b}.{name}"
+                plan[full] = LayerReport(full, shape[2], shape[1], "kept", reason=reason)
     return plan
 
 

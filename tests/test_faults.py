@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import make_tiny
 
 from marlin_cli.io.checkpoint import staging_dir
 
@@ -170,3 +171,58 @@ def test_sigkill_never_leaves_a_complete_looking_output(tiny_models, tmp_path: P
         assert not out.exists() or {"config.json", "model.safetensors.index.json", "quantization_report.json"} <= {
             p.name for p in out.iterdir()
         }
+
+
+def test_layers_the_calibration_never_reaches_fall_back_to_rtn(run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    # GPT-2 with cross-attention: a decoder-only run never calls the cross-attention layers
+    model = make_tiny("gpt2", tmp_path / "model", add_cross_attention=True)
+    code, stdout, stderr = run_cli("quantize", model, tmp_path / "out", "--nsamples", "4", "--seqlen", "64", "--json")
+    assert code == 0, stderr
+    layers = {r["name"]: r for r in json.loads(stdout)["layers"]}
+    unreached = {n: r for n, r in layers.items() if ".crossattention." in n}
+    assert len(unreached) == 6
+    for r in unreached.values():
+        assert (r["status"], r["method"]) == ("quantized", "rtn")
+        assert r["reason"] == "not reached by the calibration data: RTN"
+    assert all(r["method"] == "gptq" for n, r in layers.items() if n not in unreached)
+    report = json.loads((tmp_path / "out" / "quantization_report.json").read_text())
+    assert sum(r["method"] == "rtn" for r in report["layers"]) == 6
+    assert run_cli("verify", tmp_path / "out")[0] == 0
+
+
+def test_fused_moe_experts_are_kept_and_reported(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    code, stdout, stderr = run_cli(
+        "quantize", tiny_models("qwen2_moe"), tmp_path / "out", "--nsamples", "4", "--seqlen", "64", "--json"
+    )
+    assert code == 0, stderr
+    layers = {r["name"]: r for r in json.loads(stdout)["layers"]}
+    experts = {n: r for n, r in layers.items() if ".mlp.experts." in n}
+    names = [f"model.layers.{b}.mlp.experts.{p}" for b in (0, 1) for p in ("down_proj", "gate_up_proj")]
+    assert sorted(experts) == names
+    assert all(r["status"] == "kept" and "4 fused experts" in r["reason"] for r in experts.values())
+    assert layers["model.layers.0.mlp.shared_expert.down_proj"]["method"] == "gptq"
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert set(experts) <= set(qc["ignored_modules"])
+    assert run_cli("verify", tmp_path / "out")[0] == 0
+    dry = json.loads(run_cli("quantize", tiny_models("qwen2_moe"), tmp_path / "plan", "--dry-run", "--json")[1])
+    assert {r["name"] for r in dry["layers"] if r["action"] == "kept"} >= set(experts)
+
+
+def test_out_of_memory_mid_run_leaves_nothing(tiny_models, run_cli, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    # the allocation failure is injected into the third layer's solve; tests/gpu/test_oom.py runs out for real
+    import marlin_cli.pipeline
+
+    calls = []
+
+    def failing_gptq(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_gptq(*args, **kwargs)
+
+    real_gptq = marlin_cli.pipeline.gptq
+    monkeypatch.setattr(marlin_cli.pipeline, "gptq", failing_gptq)
+    code, _, stderr = run_cli("quantize", tiny_models("llama"), tmp_path / "out", "--nsamples", "4", "--seqlen", "64")
+    assert code == 2
+    assert "ran out of memory" in stderr and "--nsamples" in stderr
+    assert list(tmp_path.iterdir()) == []

@@ -17,6 +17,18 @@ TINY = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(LLAMA_LIKE, intermediate_size=256)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(LLAMA_LIKE, intermediate_size=384)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(LLAMA_LIKE, intermediate_size=256)),
+    "qwen2_moe": (  # transformers 5 fuses each block's experts into 3-D tensors
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            LLAMA_LIKE,
+            intermediate_size=256,
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+        ),
+    ),
     "opt": (
         "OPTConfig",
         "OPTForCausalLM",

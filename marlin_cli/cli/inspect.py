@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,37 +10,44 @@ from rich.table import Table
 
 from marlin_cli.cli.common import JsonOpt, err_console, print_json
 from marlin_cli.errors import CheckpointError
-from marlin_cli.io.checkpoint import Checkpoint
+from marlin_cli.io.checkpoint import Checkpoint, read_json_object
+from marlin_cli.nn import quantization_config
 
 
 def describe(path: Path) -> dict[str, Any]:
     """Format, settings, layers and sizes of the checkpoint in `path`."""
     store = Checkpoint(path)
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        raise CheckpointError(f"{path / 'config.json'}: missing or not JSON") from None
-    qc = config.get("quantization_config") or {}
-    if not qc and (path / "quantize_config.json").is_file():  # older GPTQ writers keep it only there
-        qc = json.loads((path / "quantize_config.json").read_text())
-    layers = qc.get("quantized_modules") or {}
+    config = read_json_object(path / "config.json")
+    qc = config.get("quantization_config") or read_json_object(path / "quantize_config.json", missing_ok=True)
+    if not isinstance(qc, dict):
+        raise CheckpointError(f"{path / 'config.json'}: quantization_config is not an object")
+    layers = {}
+    if qc.get("quant_method") == "marlin":
+        qc = quantization_config(path)  # validated field by field
+        layers = qc["quantized_modules"]
     settings = _settings(qc, store)
     dtypes: dict[str, int] = {}
     for name in store.names():
         entry = store.entry(name)
         dtypes[entry["dtype"]] = dtypes.get(entry["dtype"], 0) + 1
+    archs = config.get("architectures")
+    ignored = qc.get("ignored_modules") or {k: "ignored" for k in _strings(qc.get("ignore"))}
     return {
         "path": str(path),
-        "architecture": (config.get("architectures") or ["?"])[0],
+        "architecture": archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else "?",
         **settings,
         "quantized_layers": {name: {"in_features": k, "out_features": n} for name, (k, n) in layers.items()}
         or _layers_from_tensors(store, settings),
-        "ignored_layers": qc.get("ignored_modules", {k: "ignored" for k in qc.get("ignore", [])}),
+        "ignored_layers": ignored if isinstance(ignored, dict) else {},
         "tensors": len(store.names()),
         "tensor_dtypes": dtypes,
         "files": len(store.headers),
         "bytes": store.nbytes(),
     }
+
+
+def _strings(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def _settings(qc: dict[str, Any], store: Checkpoint) -> dict[str, Any]:
@@ -56,7 +62,10 @@ def _settings(qc: dict[str, Any], store: Checkpoint) -> dict[str, Any]:
             "method": "gptq",
         }
     if method == "compressed-tensors":
-        w = next(iter((qc.get("config_groups") or {}).values()), {}).get("weights") or {}
+        groups = qc.get("config_groups")
+        first = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
+        w = (first.get("weights") if isinstance(first, dict) else None) or {}
+        w = w if isinstance(w, dict) else {}
         return {
             "format": f"compressed-tensors ({qc.get('format')}, symmetric {w.get('symmetric')})",
             "bits": w.get("num_bits"),
@@ -76,7 +85,8 @@ def _settings(qc: dict[str, Any], store: Checkpoint) -> dict[str, Any]:
 def _layers_from_tensors(store: Checkpoint, settings: dict[str, Any]) -> dict[str, dict[str, int]]:
     """Quantized layers of a GPTQ (qweight (K*bits/32, N)) or compressed-tensors (weight_packed (N, K*bits/32))
     checkpoint, read from the tensor headers."""
-    per_word = 32 // int(settings.get("bits") or 4)
+    bits = settings.get("bits")
+    per_word = 32 // bits if bits in (2, 4, 8) and type(bits) is int else 8
     layers = {}
     for name in store.names():
         shape = store.entry(name)["shape"]

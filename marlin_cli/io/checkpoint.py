@@ -120,6 +120,21 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def read_json_object(path: Path, missing_ok: bool = False) -> dict[str, Any]:
+    """A JSON file holding an object (config.json and friends); {} for a missing file when `missing_ok`."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        if missing_ok:
+            return {}
+        raise CheckpointError(f"{path}: missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise CheckpointError(f"{path}: not readable JSON") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
 def copy_side_files(source: Path, target: Path) -> list[str]:
     """Copy the tokenizer and generation files of a model directory; returns their names."""
     names = sorted(p.name for p in source.iterdir() if p.is_file() and SIDE_FILES.match(p.name))
