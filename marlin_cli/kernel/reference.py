@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from marlin_cli import grid
-from marlin_cli.formats import marlin
+from marlin_cli.formats import marlin, marlin24
 
 
 def dequantize(b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -23,3 +23,14 @@ def gemm(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor |
     if perm is not None:
         a = a[:, perm.long()]
     return (a.float() @ dequantize(b, s)).to(a.dtype)
+
+
+def dequantize24(b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """2:4 B_24 int32 (K/32, 2N), B_meta int16 (K/32, 2N), packed scales (G, N) -> float32 W (K, N) on b24's device."""
+    codes, scales = marlin24.unpack(b24, meta, s)
+    return grid.decode(codes, grid.expand_groups(scales, codes.shape[0]))
+
+
+def gemm24(a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """C (M, N) = A @ dequant24(B), accumulated in float32, returned in A's dtype. a: (M, K) float."""
+    return (a.float() @ dequantize24(b24, meta, s)).to(a.dtype)
