@@ -123,7 +123,8 @@ def test_pack_sparse24_from_a_dense_model(tiny_models, run_cli, tmp_path: Path) 
     code, stdout, stderr = run_cli("pack", tiny_models("opt"), rounded, "--sparse24", "--json")
     assert code == 0, stderr
     assert {r["method"] for r in json.loads(stdout)["layers"]} == {"rtn"}
-    code, stdout, stderr = run_cli("pack", tiny_models("opt"), calibrated, "--sparse24", "--calib", "embedded", "--json")
+    calib = ["--calib", "embedded", "--json"]
+    code, stdout, stderr = run_cli("pack", tiny_models("opt"), calibrated, "--sparse24", *calib)
     assert code == 0, stderr
     assert {r["method"] for r in json.loads(stdout)["layers"]} == {"sparsegpt"}
     for out in (rounded, calibrated):
@@ -147,7 +148,8 @@ def test_pack_sparse24_from_our_dense_marlin_checkpoint(tiny_models, run_cli, tm
     assert kept == LLAMA_KEPT and report["requantized"]
     assert_two_of_four(sparse)
     assert run_cli("verify", sparse)[0] == 0
-    before = {n: m.dequantized_weight() for n, m in load_quantized(dense).named_modules() if isinstance(m, MarlinLinear)}
+    layers = load_quantized(dense).named_modules()
+    before = {n: m.dequantized_weight() for n, m in layers if isinstance(m, MarlinLinear)}
     after = load_quantized(sparse)
     for name, w in before.items():
         if name in kept:  # stored dequantized, in the dtype of the scales
