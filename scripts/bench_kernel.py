@@ -1,11 +1,12 @@
-"""Benchmark the Marlin kernel against cuBLAS fp16 and torch's int4 kernel on the H200 (issue 3).
+"""Benchmark the Marlin kernels against cuBLAS fp16 and torch's int4 kernel on the H200 (issues 3 and 4).
 
 python3 scripts/bench_kernel.py [--sets 7b,70b] [--m 1,8,16,32,64,128,256] [--reps 200]
 
 Prints the measured copy bandwidth, then per layer and per layer set (times summed over the set's four shapes, as in
-DESIGN.md 7): cuBLAS fp16, torch._weight_int4pack_mm, ours, our speedup over cuBLAS, and our fraction of the
-memory-bound ideal (packed B + scales + A + C bytes over the measured bandwidth). Weights are rotated over enough
-copies that every launch reads them from HBM rather than the 60 MB L2. Times are medians of CUDA-event timings.
+DESIGN.md 7): cuBLAS fp16, torch._weight_int4pack_mm, ours (dense), our speedup over cuBLAS, our fraction of the
+memory-bound ideal (packed B + scales + A + C bytes over the measured bandwidth), then our 2:4 kernel on the same
+shapes and its speedups over our dense kernel and over cuBLAS. Weights are rotated over enough copies that every
+launch reads them from HBM rather than the 60 MB L2. Times are medians of CUDA-event timings.
 """
 
 from __future__ import annotations
@@ -120,6 +121,14 @@ def bench_layer(k: int, n: int, ms: list[int], reps: int, bw: float, only_ours: 
     copies_h = n_copies(k * n * 2)
     ws = [] if only_ours else [torch.randn(n, k, device=dev).half() for _ in range(copies_h)]  # Linear weight (N, K)
     tiny = None if only_ours else tinygemm_weights(k, n)
+    # 2:4: kept codes (K/32, 2N) int32 + metadata (K/32, 2N) int16; the metadata's values do not change the work
+    copies_24 = n_copies(b_bytes // 2 + b_bytes // 4 + s_bytes)
+    b24s = [
+        torch.randint(-(2**31), 2**31 - 1, (k // 32, 2 * n), device=dev, dtype=torch.int64).int()
+        for _ in range(copies_24)
+    ]
+    metas = [torch.full((k // 32, 2 * n), 0x4444, dtype=torch.int16, device=dev) for _ in range(copies_24)]
+    s24s = [((torch.rand(k // GROUP, n, device=dev) + 0.5) / 64).half() for _ in range(copies_24)]
     rows = []
     for m in ms:
         a = torch.randn(m, k, device=dev).half()
@@ -127,6 +136,7 @@ def bench_layer(k: int, n: int, ms: list[int], reps: int, bw: float, only_ours: 
             float("nan") if only_ours else time_ms(lambda i, a=a: torch.nn.functional.linear(a, ws[i]), copies_h, reps)
         )
         t_ours = time_ms(lambda i, a=a: ops.gemm(a, bs[i], ss[i]), copies_q, reps)
+        t_24 = time_ms(lambda i, a=a: ops.gemm24(a, b24s[i], metas[i], s24s[i]), copies_24, reps)
         t_tiny = None
         if tiny is not None:
             a16 = a.bfloat16()  # tinygemm's CUDA path takes bf16 activations and scales
@@ -138,7 +148,9 @@ def bench_layer(k: int, n: int, ms: list[int], reps: int, bw: float, only_ours: 
                 print(f"  torch._weight_int4pack_mm: {str(exc).splitlines()[0][:80]}")
                 tiny = None
         ideal = (b_bytes + s_bytes + 2 * m * k + 2 * m * n) / bw * 1e3
-        rows.append({"k": k, "n": n, "m": m, "cublas": t_cublas, "tiny": t_tiny, "ours": t_ours, "ideal": ideal})
+        rows.append(
+            {"k": k, "n": n, "m": m, "cublas": t_cublas, "tiny": t_tiny, "ours": t_ours, "ideal": ideal, "24": t_24}
+        )
     return rows
 
 
@@ -167,7 +179,7 @@ def main() -> None:
     )  # build and load before timing
     header = (
         f"{'set':>5} {'K':>6} {'N':>6} {'M':>4} {'cuBLAS us':>9} {'int4mm us':>9} {'ours us':>8} "
-        f"{'ideal us':>8} {'speedup':>7} {'%ideal':>6}"
+        f"{'ideal us':>8} {'speedup':>7} {'%ideal':>6} {'2:4 us':>8} {'/dense':>6} {'/cuBLAS':>7}"
     )
     summary = []
     for name in args.sets.split(","):
@@ -179,20 +191,25 @@ def main() -> None:
             print(
                 f"{name:>5} {r['k']:>6} {r['n']:>6} {r['m']:>4} {fmt_us(r['cublas']):>9} {fmt_us(r['tiny']):>9} "
                 f"{fmt_us(r['ours']):>8} {fmt_us(r['ideal']):>8} {r['cublas'] / r['ours']:>6.2f}x "
-                f"{100 * r['ideal'] / r['ours']:>5.0f}%",
+                f"{100 * r['ideal'] / r['ours']:>5.0f}% {fmt_us(r['24'])} {r['ours'] / r['24']:>5.2f}x "
+                f"{r['cublas'] / r['24']:>6.2f}x",
                 flush=True,
             )
         for m in ms:
             sel = [r for r in rows if r["m"] == m]
-            tot = {key: sum(r[key] for r in sel) for key in ("cublas", "ours", "ideal")}
+            tot = {key: sum(r[key] for r in sel) for key in ("cublas", "ours", "ideal", "24")}
             tiny = None if any(r["tiny"] is None for r in sel) else sum(r["tiny"] for r in sel)
             summary.append((name, m, tot, tiny))
     print("\nsums over each set's four layers (us), as in DESIGN.md 7")
-    print(f"{'set':>5} {'M':>4} {'cuBLAS':>8} {'int4mm':>8} {'ours':>8} {'ideal':>8} {'speedup':>7} {'%ideal':>6}")
+    print(
+        f"{'set':>5} {'M':>4} {'cuBLAS':>8} {'int4mm':>8} {'ours':>8} {'ideal':>8} {'speedup':>7} {'%ideal':>6} "
+        f"{'2:4':>8} {'/dense':>6} {'/cuBLAS':>7}"
+    )
     for name, m, tot, tiny in summary:
         print(
             f"{name:>5} {m:>4} {fmt_us(tot['cublas'])} {fmt_us(tiny)} {fmt_us(tot['ours'])} {fmt_us(tot['ideal'])} "
-            f"{tot['cublas'] / tot['ours']:>6.2f}x {100 * tot['ideal'] / tot['ours']:>5.0f}%"
+            f"{tot['cublas'] / tot['ours']:>6.2f}x {100 * tot['ideal'] / tot['ours']:>5.0f}% {fmt_us(tot['24'])} "
+            f"{tot['ours'] / tot['24']:>5.2f}x {tot['cublas'] / tot['24']:>6.2f}x"
         )
 
 

@@ -9,7 +9,7 @@ import torch
 from marlin_cli import grid
 from marlin_cli.errors import CheckpointError, ShapeError
 from marlin_cli.formats import marlin24
-from marlin_cli.kernel import reference
+from marlin_cli.kernel import ops, reference
 
 SHAPES = [(128, 128), (256, 384), (384, 1536), (1536, 256)]
 
@@ -110,7 +110,10 @@ def test_lane_word_covers_its_columns() -> None:
     # group t keeps K rows 4t + 2, 4t + 3 (positions 2, 3); group t + 4 keeps positions 0, 3
     codes[4 * t + 2, n0], codes[4 * (t + 4), n0], codes[4 * t + 2, n0 + 4], codes[4 * (t + 4), n0 + 4] = 1, 2, 3, 4
     codes[4 * t + 3, n0], codes[4 * (t + 4) + 3, n0], codes[4 * t + 3, n0 + 4], codes[4 * (t + 4) + 3, n0 + 4] = (
-        5, 6, 7, 9
+        5,
+        6,
+        7,
+        9,
     )
     word = int(marlin24.pack(codes, torch.ones(1, 128))["B_24"][0, 4 * (4 * c + t) + j]) & 0xFFFFFFFF
     assert [(word >> (4 * i)) & 0xF for i in range(8)] == [1, 2, 3, 4, 5, 6, 7, 9]
@@ -178,3 +181,36 @@ def test_unpack_refuses_corrupt_metadata_and_shapes() -> None:
         marlin24.unpack(packed["B_24"], packed["B_meta"][:, :128], packed["s"])
     with pytest.raises(ShapeError, match="N=128"):
         marlin24.unpack(packed["B_24"], packed["B_meta"], packed["s"][:, :64])
+
+
+def test_gemm24_on_cpu_runs_the_reference() -> None:
+    gen = torch.Generator().manual_seed(11)
+    codes = random_24_codes(256, 128, gen)
+    packed = marlin24.pack(codes, (torch.rand(2, 128, generator=gen) + 0.5).half().float())
+    a = torch.randn(3, 256, generator=gen)
+    c = ops.gemm24(a, packed["B_24"], packed["B_meta"], packed["s"])
+    assert torch.equal(c, reference.gemm24(a, packed["B_24"], packed["B_meta"], packed["s"]))
+
+
+@pytest.mark.parametrize(
+    "m,k,n,groups,rule",
+    [
+        (0, 256, 128, 1, "at least 1"),
+        (2, 200, 128, 1, "multiple of 128"),
+        (2, 256, 64, 1, r"out_features=64 must be a multiple of 128 \(2:4"),
+        (2, 256, 128, 3, "do not fit"),
+    ],
+)
+def test_gemm24_refuses_bad_shapes_before_any_launch(m: int, k: int, n: int, groups: int, rule: str) -> None:
+    b24 = torch.zeros(max(k // 32, 1), 2 * n, dtype=torch.int32)
+    meta = torch.zeros_like(b24, dtype=torch.int16)
+    with pytest.raises(ShapeError, match=rule):
+        ops.gemm24(torch.zeros(m, k), b24, meta, torch.ones(groups, n))
+
+
+def test_gemm24_refuses_mismatched_metadata() -> None:
+    b24 = torch.zeros(8, 256, dtype=torch.int32)
+    with pytest.raises(ShapeError, match="do not match"):
+        ops.gemm24(torch.zeros(1, 256), b24, torch.zeros(4, 256, dtype=torch.int16), torch.ones(1, 128))
+    with pytest.raises(ShapeError, match="2-D"):
+        ops.gemm24(torch.zeros(1, 256), b24, torch.zeros(8, 256, 1, dtype=torch.int16), torch.ones(1, 128))

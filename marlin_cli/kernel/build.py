@@ -21,9 +21,17 @@ import torch
 
 from marlin_cli.errors import KernelUnavailable
 
-SOURCES = ("marlin.cu", "marlin_mb1.cu", "marlin_mb2.cu", "marlin_mb3.cu", "marlin_mb4.cu", "bindings.cpp")
-HEADERS = ("marlin.h", "marlin_kernel.cuh")
-MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16, cp.async and ldmatrix need sm_80
+SOURCES = (
+    "marlin.cu",
+    "marlin_mb1.cu",
+    "marlin_mb2.cu",
+    "marlin_mb3.cu",
+    "marlin_mb4.cu",
+    "marlin24.cu",
+    "bindings.cpp",
+)
+HEADERS = ("marlin.h", "marlin_kernel.cuh", "marlin24.h", "marlin24_kernel.cuh")
+MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16, mma.sp m16n8k32, cp.async and ldmatrix need sm_80
 CUDA_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 
 _lock = threading.Lock()
@@ -165,5 +173,5 @@ def build_kernels() -> Path:
 
 
 def load_kernel() -> None:
-    """Make `torch.ops.marlin_cli.gemm` available, building the kernel first if needed. Idempotent."""
+    """Make `torch.ops.marlin_cli.gemm` and `gemm24` available, building the kernels first if needed. Idempotent."""
     build_kernels()

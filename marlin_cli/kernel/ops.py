@@ -1,6 +1,7 @@
-"""Typed wrappers of the kernel ops: CUDA tensors run through the bundled kernel, CPU tensors through `reference`.
+"""Typed wrappers of the kernel ops: CUDA tensors run through the bundled kernels, CPU tensors through `reference`.
 
-There is no silent fallback on a GPU: if the kernel cannot be built, `gemm` raises KernelUnavailable.
+`gemm` takes the dense Marlin layout, `gemm24` the 2:4 one. There is no silent fallback on a GPU: if the kernels
+cannot be built, both raise KernelUnavailable.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from marlin_cli.config import GROUP_SIZES as CONFIG_GROUP_SIZES
 from marlin_cli.errors import ShapeError
 from marlin_cli.kernel import build, reference
 
-# Mirrors kernels/marlin.h: completion counters, then two fp32 partial tiles of 64 x 256 per block.
+# Mirrors kernels/marlin.h: completion counters, then two fp32 partial tiles of 64 x 256 per block (both kernels).
 _COUNTER_INTS = 1 << 16
 _TILE_ELEMS = 64 * 256
 GROUP_SIZES = tuple(g for g in CONFIG_GROUP_SIZES if g > 0)  # grouped scales; one row means per channel
@@ -31,19 +32,35 @@ def kernel_name(device: torch.device) -> str:
     return "reference"
 
 
-def check_shapes(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor | None = None) -> None:
-    """Raise ShapeError (value, rule, fix) unless the operands fit the Marlin layout."""
-    if a.dim() != 2 or b.dim() != 2 or s.dim() != 2:
-        raise ShapeError(
-            f"a {tuple(a.shape)}, b {tuple(b.shape)}, s {tuple(s.shape)}: all three must be 2-D "
-            "(flatten leading batch dimensions of a into its rows)"
-        )
+def _check_a(a: torch.Tensor) -> None:
     m, k = a.shape
-    n = b.shape[1] // 2
     if m < 1:
         raise ShapeError(f"a has {m} rows: the kernel needs at least 1 (skip the call for empty batches)")
     if k % 128:
         raise ShapeError(f"in_features={k} must be a multiple of 128 (Marlin tile); keep this layer unquantized")
+
+
+def _check_scales(s: torch.Tensor, k: int, n: int) -> None:
+    groups = s.shape[0]
+    if s.shape[1] != n or groups < 1 or k % groups or (groups > 1 and k // groups not in GROUP_SIZES):
+        raise ShapeError(
+            f"scales {tuple(s.shape)} do not fit K={k}, N={n}: they must be (K/g, N) with g in {GROUP_SIZES} or a "
+            f"single row (per channel); pass the `.s` tensor packed with the layer"
+        )
+
+
+def _check_2d(**tensors: torch.Tensor) -> None:
+    if any(t.dim() != 2 for t in tensors.values()):
+        shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in tensors.items())
+        raise ShapeError(f"{shapes}: all must be 2-D (flatten leading batch dimensions of a into its rows)")
+
+
+def check_shapes(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor | None = None) -> None:
+    """Raise ShapeError (value, rule, fix) unless the operands fit the Marlin layout."""
+    _check_2d(a=a, b=b, s=s)
+    _check_a(a)
+    k = a.shape[1]
+    n = b.shape[1] // 2
     if b.shape[0] * 16 != k or b.shape[1] % 2:
         raise ShapeError(
             f"b {tuple(b.shape)} does not match a {tuple(a.shape)}: a Marlin weight for K={k} is int32 (K/16, 2N) = "
@@ -51,25 +68,36 @@ def check_shapes(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.
         )
     if n % 64:
         raise ShapeError(f"out_features={n} must be a multiple of 64 (Marlin tile); keep this layer unquantized")
-    groups = s.shape[0]
-    if s.shape[1] != n or groups < 1 or k % groups or (groups > 1 and k // groups not in GROUP_SIZES):
-        raise ShapeError(
-            f"scales {tuple(s.shape)} do not fit K={k}, N={n}: they must be (K/g, N) with g in {GROUP_SIZES} or a "
-            f"single row (per channel); pass the `.s` tensor packed with the layer"
-        )
+    _check_scales(s, k, n)
     if perm is not None and (perm.dim() != 1 or perm.shape[0] != k):
         raise ShapeError(f"perm {tuple(perm.shape)} must be ({k},), one index per input feature of a")
 
 
-def _check_cuda_operands(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor | None) -> None:
+def check_shapes24(a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> None:
+    """Raise ShapeError (value, rule, fix) unless the operands fit the 2:4 layout."""
+    _check_2d(a=a, b24=b24, meta=meta, s=s)
+    _check_a(a)
+    k = a.shape[1]
+    n = b24.shape[1] // 2
+    if b24.shape[0] * 32 != k or b24.shape[1] % 2 or meta.shape != b24.shape:
+        raise ShapeError(
+            f"b24 {tuple(b24.shape)} and meta {tuple(meta.shape)} do not match a {tuple(a.shape)}: a 2:4 weight for "
+            f"K={k} is int32 (K/32, 2N) = ({k // 32}, 2N) with int16 metadata of the same shape; pass the `.B_24` "
+            "and `.B_meta` tensors packed for this layer"
+        )
+    if n % 128:
+        raise ShapeError(f"out_features={n} must be a multiple of 128 (2:4 Marlin tile); keep this layer dense")
+    _check_scales(s, k, n)
+
+
+def _check_cuda_operands(a: torch.Tensor, s: torch.Tensor, typed: dict[str, tuple[torch.Tensor, torch.dtype]]) -> None:
+    """fp16 a and s, the other operands in their packed dtypes, everything contiguous on a's device."""
     if a.dtype != torch.float16 or s.dtype != torch.float16:
         raise ShapeError(f"a is {a.dtype} and s is {s.dtype}: the kernel takes float16 for both; cast with .half()")
-    if b.dtype != torch.int32:
-        raise ShapeError(f"b is {b.dtype}: the kernel takes the int32 Marlin-packed weight")
-    if perm is not None and perm.dtype != torch.int32:
-        raise ShapeError(f"perm is {perm.dtype}: the kernel takes int32; convert with .int()")
-    tensors = {"a": a, "b": b, "s": s} | ({"perm": perm} if perm is not None else {})
-    for name, t in tensors.items():
+    for name, (t, dtype) in typed.items():
+        if t.dtype != dtype:
+            raise ShapeError(f"{name} is {t.dtype}: the kernel takes {dtype}; pass the tensor as packed, or convert it")
+    for name, t in {"a": a, "s": s, **{name: t for name, (t, _) in typed.items()}}.items():
         if t.device != a.device:
             raise ShapeError(f"{name} is on {t.device} but a is on {a.device}: move every operand to one device")
         if not t.is_contiguous():
@@ -89,6 +117,14 @@ def _ensure_loaded() -> None:
                 torch._check(a.dim() == 2 and b.dim() == 2, lambda: "marlin_cli::gemm: a and b must be 2-D")
                 torch._check(b.shape[0] * 16 == a.shape[1], lambda: "marlin_cli::gemm: b does not match a's K")
                 return a.new_empty((a.shape[0], b.shape[1] // 2))
+
+            @torch.library.register_fake("marlin_cli::gemm24")
+            def _gemm24_fake(
+                a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor, workspace: torch.Tensor
+            ) -> torch.Tensor:
+                torch._check(a.dim() == 2 and b24.dim() == 2, lambda: "marlin_cli::gemm24: a and b24 must be 2-D")
+                torch._check(b24.shape[0] * 32 == a.shape[1], lambda: "marlin_cli::gemm24: b24 does not match a's K")
+                return a.new_empty((a.shape[0], b24.shape[1] // 2))
 
             _fake_registered = True
 
@@ -117,6 +153,22 @@ def gemm(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor |
     check_shapes(a, b, s, perm)
     if a.device.type != "cuda":
         return reference.gemm(a, b, s, perm)
-    _check_cuda_operands(a, b, s, perm)
+    _check_cuda_operands(a, s, {"b": (b, torch.int32)} | ({"perm": (perm, torch.int32)} if perm is not None else {}))
     _ensure_loaded()
     return torch.ops.marlin_cli.gemm(a, b, s, perm, workspace(a.device))
+
+
+def gemm24(a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """C (M, N) = A @ dequant24(B): A (M, K) fp16, B_24 int32 (K/32, 2N) and B_meta int16 (K/32, 2N) in the 2:4
+    layout (formats/marlin24.py), s fp16 (K/g, N).
+
+    K % 128 == 0, N % 128 == 0, g in {32, 64, 128} or one row of per-channel scales. CUDA tensors run through the
+    2:4 kernel (KernelUnavailable if it cannot be built), CPU tensors through the reference. Shares `gemm`'s
+    workspace: calls on different streams of one device must not overlap.
+    """
+    check_shapes24(a, b24, meta, s)
+    if a.device.type != "cuda":
+        return reference.gemm24(a, b24, meta, s)
+    _check_cuda_operands(a, s, {"b24": (b24, torch.int32), "meta": (meta, torch.int16)})
+    _ensure_loaded()
+    return torch.ops.marlin_cli.gemm24(a, b24, meta, s, workspace(a.device))

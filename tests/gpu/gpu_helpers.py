@@ -54,3 +54,25 @@ def rel_error(c: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(c).all():
         return float("inf")
     return ((c.float() - ref).abs().mean() / ref.abs().mean()).item()
+
+
+# idx0 | idx1 << 2 for the six pairs of kept positions idx0 < idx1 of a group of 4 (marlin24 metadata nibbles)
+META_NIBBLES = (0b0100, 0b1000, 0b1100, 0b1001, 0b1101, 0b1110)
+
+
+def random_operands24(
+    m: int, k: int, n: int, group: int, device: str = "cuda", seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fp16 (m, k) ~ N(0, 1), a random 2:4 layer (B_24 int32 (k/32, 2n): every bit pattern is a valid set of kept
+    codes; B_meta int16 (k/32, 2n): a random valid pair of positions for every group of 4) and packed fp16 scales
+    (k/g, n) in [0.5, 1.5) / 64. Nothing is zero, so unwritten or mis-indexed outputs show."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    a = torch.randn(m, k, generator=gen, device=device).half()
+    b24 = torch.randint(-(2**31), 2**31 - 1, (k // 32, 2 * n), generator=gen, device=device, dtype=torch.int64)
+    pick = torch.randint(0, len(META_NIBBLES), (k // 32, 2 * n, 4), generator=gen, device=device)
+    nibbles = torch.tensor(META_NIBBLES, device=device)[pick]
+    words = (nibbles << torch.arange(0, 16, 4, device=device)).sum(-1)
+    meta = torch.where(words >= 2**15, words - 2**16, words).to(torch.int16)
+    groups = 1 if group == -1 else k // group
+    s = ((torch.rand(groups, n, generator=gen, device=device) + 0.5) / 64).half()
+    return a, b24.to(torch.int32), meta, s

@@ -1,0 +1,149 @@
+// FP16 x INT4 GEMM on the Sparse-MARLIN 2:4 layout: host side (tile choice, chunking of m, launches).
+// The kernel is in marlin24_kernel.cuh. Build: nvcc -std=c++17 -O3 -gencode=arch=compute_80,code=sm_80
+//   -gencode=arch=compute_90,code=sm_90 -c kernels/marlin24.cu
+#include "marlin24_kernel.cuh"
+
+namespace marlin_cli {
+namespace sparse24 {
+
+constexpr int kMaxDevices = 64;
+constexpr int kMinTiles = 4;  // perf-log s3
+
+int max_smem(int device) {
+  static int cache[kMaxDevices] = {};
+  if (cache[device] == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+    cache[device] = v;
+  }
+  return cache[device];
+}
+
+// Launch one configuration over `par` chunks side by side: every block the GPU holds at once, shared evenly by the
+// chunks (and capped so that two partial tiles per block fit the workspace).
+template <class C, bool GROUPED>
+cudaError_t launch(Params p, int par, int sms, int device, cudaStream_t stream) {
+  static int occupancy[kMaxDevices] = {};  // resident blocks per SM, measured once per device
+  auto kernel = gemm24_kernel<C, GROUPED>;
+  if (occupancy[device] == 0) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (err != cudaSuccess) return err;
+    int blocks = 0;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::THREADS, C::SMEM);
+    if (err != cudaSuccess) return err;
+    if (blocks < 1) return cudaErrorInvalidConfiguration;
+    occupancy[device] = blocks;
+  }
+  const int64_t slots = static_cast<int64_t>(sms) * kMaxBlocksPerSm * 2 * kMaxTileElems / (2 * C::R * C::W);
+  int64_t blocks = static_cast<int64_t>(sms) * occupancy[device];
+  if (blocks > slots) blocks = slots;
+  // At least kMinTiles tiles per block: on short layers fewer, longer runs leave fewer split-k parts to add up.
+  const int64_t tiles = static_cast<int64_t>(p.n / C::W) * (p.k / (32 * C::KT));
+  if (blocks * kMinTiles > tiles * par) blocks = (tiles * par + kMinTiles - 1) / kMinTiles;
+  if (blocks < par) blocks = par;
+  p.blocks_per_chunk = static_cast<int>(blocks / par);
+  if (p.blocks_per_chunk < 1) return cudaErrorInvalidConfiguration;
+  kernel<<<par * p.blocks_per_chunk, C::THREADS, C::SMEM, stream>>>(p);
+  return cudaGetLastError();
+}
+
+struct Choice {
+  int tt, ns, kq, stages;
+};
+
+// Every compiled configuration (TT, NS, KQ, STAGES): the ones `choose` can pick.
+#define MARLIN24_CONFIGS(X)                                                                     \
+  X(1, 1, 2, 4) X(1, 1, 1, 4)                                                                    \
+  X(2, 2, 2, 4) X(2, 2, 1, 4) X(2, 1, 2, 4) X(2, 1, 1, 4)                                        \
+  X(4, 2, 2, 8) X(4, 2, 1, 8) X(4, 1, 2, 8) X(4, 1, 1, 8)                                        \
+  X(4, 2, 2, 4) X(4, 2, 1, 4) X(4, 1, 2, 4) X(4, 1, 1, 4)
+
+int smem_of(const Choice& c) {
+#define MARLIN24_SMEM(TT, NS, KQ, ST) \
+  if (c.tt == TT && c.ns == NS && c.kq == KQ && c.stages == ST) return Cfg<TT, NS, KQ, ST>::SMEM;
+  MARLIN24_CONFIGS(MARLIN24_SMEM)
+#undef MARLIN24_SMEM
+  return -1;
+}
+
+cudaError_t launch_choice(const Choice& c, bool grouped, const Params& p, int par, int sms, int device,
+                          cudaStream_t stream) {
+#define MARLIN24_LAUNCH(TT, NS, KQ, ST)                                                           \
+  if (c.tt == TT && c.ns == NS && c.kq == KQ && c.stages == ST) {                                 \
+    return grouped ? launch<Cfg<TT, NS, KQ, ST>, true>(p, par, sms, device, stream)              \
+                   : launch<Cfg<TT, NS, KQ, ST>, false>(p, par, sms, device, stream);            \
+  }
+  MARLIN24_CONFIGS(MARLIN24_LAUNCH)
+#undef MARLIN24_LAUNCH
+  return cudaErrorInvalidConfiguration;
+}
+
+// 8-row tiles of A by m (one 8-row tile at m <= 8: no work on rows that do not exist); 256-column blocks of 8 warps
+// for m > 8, 128-column blocks of 4 warps at m <= 8 (perf-log s2, s4); two k32 rows per warp per stage where k
+// allows; the deepest ring that fits the shared memory.
+bool choose(int m, int n, int k, int smem_cap, Choice* out) {
+  const int tt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
+  const int ns_want = tt == 1 ? 1 : 2;
+  const int kq = k % 256 == 0 ? 2 : 1;
+  for (int ns = n % (128 * ns_want) == 0 ? ns_want : 1; ns >= 1; --ns) {
+    for (int stages : {8, 4}) {
+      const Choice c{tt, ns, kq, stages};
+      const int smem = smem_of(c);
+      if (smem > 0 && smem <= smem_cap) {
+        *out = c;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace sparse24
+
+cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
+  using namespace sparse24;
+  if (g.m < 1 || g.k <= 0 || g.n <= 0 || g.k % 128 || g.n % 128 || g.groups < 1 || g.sms < 1) {
+    return cudaErrorInvalidValue;
+  }
+  if (g.device < 0 || g.device >= kMaxDevices || g.workspace_len < workspace_ints(g.sms)) return cudaErrorInvalidValue;
+  const bool grouped = g.groups > 1;
+  int lg_group = 0;
+  if (grouped) {
+    if (g.k % g.groups) return cudaErrorInvalidValue;
+    const int group = g.k / g.groups;
+    if (group == 32) lg_group = 0;
+    else if (group == 64) lg_group = 1;
+    else if (group == 128) lg_group = 2;
+    else return cudaErrorInvalidValue;
+  }
+
+  Choice choice;
+  if (!choose(g.m, g.n, g.k, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
+  const int rows = 8 * choice.tt;
+  const int chunks = (g.m + rows - 1) / rows;
+  const int max_par = g.sms >= 16 ? 16 : g.sms;  // chunks side by side: each group keeps >= 8 blocks on the H200
+  const int n_cols = g.n / (128 * choice.ns);
+
+  Params p;
+  p.b = static_cast<const int4*>(g.b);
+  p.meta = static_cast<const int4*>(g.meta);
+  p.s = static_cast<const int4*>(g.s);
+  p.counters = g.workspace;
+  p.partials = reinterpret_cast<float*>(g.workspace + kCounterInts);
+  p.n = g.n;
+  p.k = g.k;
+  p.lg_group = lg_group;
+  for (int c0 = 0; c0 < chunks; c0 += max_par) {
+    const int par = chunks - c0 < max_par ? chunks - c0 : max_par;
+    if (static_cast<int64_t>(par) * n_cols > kCounterInts) return cudaErrorInvalidValue;
+    const int64_t row0 = static_cast<int64_t>(c0) * rows;
+    p.a = static_cast<const int4*>(g.a) + row0 * (g.k / 8);
+    p.c = static_cast<int4*>(g.c) + row0 * (g.n / 8);
+    p.m = static_cast<int>(g.m - row0);
+    const cudaError_t err = launch_choice(choice, grouped, p, par, g.sms, g.device, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace marlin_cli

@@ -1,0 +1,459 @@
+// FP16 x INT4 GEMM on the Sparse-MARLIN 2:4 layout: C (m, n) = A (m, k) @ dequant24(B), fp32 accumulation, fp16
+// output, on the sparse tensor cores (mma.sp m16n8k32).
+//
+// Written for this project from DESIGN.md 3.2 / 5 and the PTX ISA's description of mma.sp; the layout's executable
+// definition is marlin_cli/formats/marlin24.py. Build: nvcc -std=c++17 -O3
+//   -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90 -c kernels/marlin24.cu
+//
+// The product is computed transposed, C^T = W^T A^T: the 2:4 weights are mma.sp's sparse operand A (16 output
+// columns x 32 along K, stored as 16 x 16 kept values + metadata) and 8 rows of activations its dense operand B.
+// - A warp owns 128 output columns. Lane (g, t) (g = lane / 4, t = lane % 4) loads the 16-byte chunks 8g + t and
+//   8g + 4 + t of the columns' packed k32 row: columns 16g + 0..7 and 16g + 8..15 at the compressed K rows of its
+//   fragment (2t, 2t + 1, 2t + 8, 2t + 9). Word j of the two chunks gives rows 16g + j + 4p (chunk 1) and
+//   16g + 8 + j + 4p (chunk 2) for p = 0, 1: the rows g and g + 8 of mma tile (j, p), 8 tiles per k32 row.
+// - Metadata: tile (j, p) needs, in threads 2p, 2p + 1 of group g (sparsity selector p), the words of rows
+//   16g + j + 4p and + 8 for K 0..15 / 16..31: the packed word 32 (g / 2) + 4 (j + 4p) + 2 (g % 2) + t % 2 of the
+//   warp's 128 columns (marlin24.meta_perm). Each lane loads its four words (j = 0..3) and passes word j to both
+//   selectors; only the selected threads' copies are read.
+// - Work partition, pipeline and split-k fixup follow the dense kernel (marlin_kernel.cuh): tiles of (column strip,
+//   stage depth) numbered column by column, one contiguous run per block, partial strips combined through the
+//   workspace in block order (bit-reproducible), a cp.async ring of STAGES stages.
+// - Block: NS column warps (128 columns each) x 4 k warps, each taking KQ k32 rows of every 128 * KQ-deep stage;
+//   m in chunks of 8 * TT rows (TT 8-row tiles of operand B), several chunks side by side.
+#pragma once
+
+#include "marlin24.h"
+
+#include "marlin_kernel.cuh"  // PTX wrappers (cp.async, ldmatrix), int4 -> fp16 dequantization, fp16x2 helpers
+
+namespace marlin_cli {
+namespace sparse24 {
+
+using detail::bcast_hi;
+using detail::bcast_lo;
+using detail::cp_async16;
+using detail::cp_async16_zfill;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
+using detail::dequant;
+using detail::hmul2;
+using detail::ldmatrix_x4;
+
+// D (16 x 8, fp32) += A (16 x 32, 2:4 sparse fp16: 4 registers of kept values + one metadata word) x B (32 x 8 fp16).
+// SEL: which two threads of each group of four supply the metadata. The kept positions of every group are stored in
+// increasing order, so the ::ordered_metadata form (the fast one on newer GPUs) applies.
+template <int SEL>
+__device__ __forceinline__ void mma_sp_16832(const uint32_t (&a)[4], const uint32_t (&b)[4], uint32_t meta,
+                                             float (&c)[4]) {
+  asm("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9, %10, %11}, {%0, %1, %2, %3}, %12, %13;\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(meta),
+        "n"(SEL));
+}
+
+template <int TT_, int NS_, int KQ_, int STAGES_>
+struct Cfg {
+  static constexpr int TT = TT_;          // 8-row tiles of A per chunk (chunk = 8 * TT rows)
+  static constexpr int NS = NS_;          // 128-column warp strips per block
+  static constexpr int KQ = KQ_;          // k32 rows per warp per stage
+  static constexpr int STAGES = STAGES_;  // depth of the cp.async ring
+  static constexpr int NK = 4;            // k warps
+  static constexpr int KT = NK * KQ;      // k32 rows per stage (the stage is 32 * KT deep)
+  static constexpr int WARPS = NS * NK;
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int R = 8 * TT;        // rows of the A / C tile
+  static constexpr int W = 128 * NS;      // columns of the block tile
+  static constexpr int A_CHUNKS = 4 * KT;       // 16-byte chunks per A row per stage
+  static constexpr int A_STAGE = R * A_CHUNKS;  // int4 per stage
+  static constexpr int B_STAGE = KT * NS * 64;  // packed k32 rows x 128 columns: 1 KB per row and strip
+  static constexpr int M_STAGE = KT * NS * 32;  // metadata: 512 B per k32 row and strip
+  static constexpr int S_STAGE = KT * NS * 16;  // up to KT scale rows (group size 32), W / 8 int4 each
+  static constexpr int STAGE = A_STAGE + B_STAGE + M_STAGE + S_STAGE;
+  static constexpr int RED_STRIDE = W + 4;  // floats; see red_col
+  static constexpr int RED = R * RED_STRIDE;
+  static constexpr int SMEM = STAGES * STAGE * 16 + RED * 4;
+  // Short chunks: 512 threads per SM for 8-row tiles (<= 128 registers), 384 for 16-row tiles (<= 168: their 64
+  // accumulators plus fragments spill at 128), so one block's math covers another's waits where blocks are small.
+  static constexpr int MIN_BLOCKS = TT == 1 ? 512 / THREADS : TT == 2 ? 384 / THREADS : 1;
+  static_assert(B_STAGE == 2 * KQ * THREADS && M_STAGE == KQ * THREADS, "every thread copies the same B and metadata");
+  static_assert(S_STAGE <= KQ * THREADS, "KQ scale chunks per thread at most");
+  static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
+};
+
+// The four 32-bit words of a 16-byte shared-memory load.
+struct Words {
+  uint32_t w[4] = {0, 0, 0, 0};
+  Words() = default;
+  __device__ explicit Words(const int4& v)
+      : w{static_cast<uint32_t>(v.x), static_cast<uint32_t>(v.y), static_cast<uint32_t>(v.z),
+          static_cast<uint32_t>(v.w)} {}
+  __device__ uint32_t operator[](int i) const { return w[i]; }
+};
+
+struct Params {
+  const int4* a;  // first row of this launch's chunks
+  const int4* b;
+  const int4* meta;
+  const int4* s;
+  int4* c;        // first row of this launch's chunks
+  int* counters;
+  float* partials;
+  int m;          // rows left from this launch's first row
+  int n, k;
+  int lg_group;   // log2(group size / 32); unused for one group
+  int blocks_per_chunk;
+};
+
+// Column of `red` holding output column n of the block tile: within each 128-column warp strip, n = 16g + y sits at
+// 8y + g, so the 32 lanes' stores of one accumulator (8 values of g x 4 of t, rows 2t apart) hit 32 different banks
+// with RED_STRIDE = 4 (mod 32).
+__device__ __forceinline__ int red_col(int n) { return (n & ~127) | ((n & 15) << 3) | ((n >> 4) & 7); }
+
+template <class C, bool GROUPED>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const Params p) {
+  extern __shared__ int4 smem[];
+  __shared__ int s_last;
+  float* red = reinterpret_cast<float*>(smem + C::STAGES * C::STAGE);
+
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int n_warp = warp % C::NS;
+  const int k_warp = warp / C::NS;  // which KQ k32 rows of each stage this warp computes
+  const int g = lane / 4, t = lane % 4;
+
+  const int chunk = blockIdx.x / p.blocks_per_chunk;
+  const int bid = blockIdx.x % p.blocks_per_chunk;
+  const int m_rows = min(C::R, p.m - chunk * C::R);
+  if (m_rows <= 0) return;
+
+  const int n_cols = p.n / C::W;
+  const int k_tiles = p.k / (32 * C::KT);
+  const int total = n_cols * k_tiles;
+  const int iters = (total + p.blocks_per_chunk - 1) / p.blocks_per_chunk;
+  const int t_begin = bid * iters;
+  const int t_end = min(total, t_begin + iters);
+  if (t_begin >= t_end) return;
+  const int n_iter = t_end - t_begin;
+
+  const int4* a_g = p.a + static_cast<int64_t>(chunk) * C::R * (p.k / 8);
+  int4* c_g = p.c + static_cast<int64_t>(chunk) * C::R * (p.n / 8);
+  const int b_row = p.n / 2;  // int4 per packed k32 row (2n int32)
+  const int m_row = p.n / 4;  // int4 per metadata row (2n int16)
+  const int s_row = p.n / 8;  // int4 per scale row
+  const int a_row = p.k / 8;  // int4 per A row
+
+  // --- loads of one stage: per-thread parts fixed, tile bases advanced by additions -----------------------------
+  // B: thread copies entries e = tid + i * THREADS of the stage's KT x (W / 2) chunks. Within each 128-column row
+  // (64 chunks) chunks 8g + t and 8g + 4 + t trade places for odd g, so the 8 lanes of one phase of a 16-byte
+  // shared load (two groups g) hit 8 different bank groups.
+  constexpr int B_PER = C::B_STAGE / C::THREADS;
+  int64_t b_src[B_PER];
+  int b_dst[B_PER];
+#pragma unroll
+  for (int i = 0; i < B_PER; ++i) {
+    const int e = tid + i * C::THREADS;
+    b_src[i] = static_cast<int64_t>(e / (C::W / 2)) * b_row + e % (C::W / 2);
+    b_dst[i] = e ^ ((e >> 1) & 4);
+  }
+  // Metadata: within each 128-column row (32 chunks = 4 blocks of 8) chunk q of block B sits at q ^ B, which makes
+  // the lanes' word loads conflict-free (see m_off).
+  constexpr int M_PER = C::M_STAGE / C::THREADS;
+  int64_t m_src[M_PER];
+  int m_dst[M_PER];
+#pragma unroll
+  for (int i = 0; i < M_PER; ++i) {
+    const int e = tid + i * C::THREADS;
+    m_src[i] = static_cast<int64_t>(e / (C::W / 4)) * m_row + e % (C::W / 4);
+    m_dst[i] = e ^ ((e >> 3) & 3);
+  }
+  // A: R rows x A_CHUNKS chunks, chunk j of row r at r * A_CHUNKS + (j ^ (r % 8)) (conflict-free ldmatrix); rows
+  // past m are zero-filled without a global read.
+  constexpr int A_PER = (C::A_STAGE + C::THREADS - 1) / C::THREADS;
+  int a_src[A_PER], a_dst[A_PER], a_bytes[A_PER];
+#pragma unroll
+  for (int i = 0; i < A_PER; ++i) {
+    const int idx = tid + i * C::THREADS;
+    const int r = idx / C::A_CHUNKS;
+    const int j = idx % C::A_CHUNKS;
+    const bool ok = r < m_rows && idx < C::A_STAGE;
+    a_src[i] = (ok ? r : 0) * a_row + j;
+    a_dst[i] = r * C::A_CHUNKS + (j ^ (r % 8));
+    a_bytes[i] = ok ? 16 : 0;
+  }
+  // Scales: the KT >> lg_group group rows of a stage, W / 8 chunks each.
+  const int s_rows = C::KT >> p.lg_group;
+  const int s_count = GROUPED ? s_rows * (C::W / 8) : 0;
+  constexpr int S_PER = (C::S_STAGE + C::THREADS - 1) / C::THREADS;
+  int64_t s_src[S_PER];
+#pragma unroll
+  for (int i = 0; i < S_PER; ++i) {
+    const int e = tid + i * C::THREADS;
+    s_src[i] = static_cast<int64_t>(e / (C::W / 8)) * s_row + e % (C::W / 8);
+  }
+
+  int ld_col = t_begin / k_tiles;
+  int ld_kt = t_begin - ld_col * k_tiles;
+  auto load_stage = [&](int4* st) {
+    int4* sa = st;
+    int4* sb = sa + C::A_STAGE;
+    int4* sm = sb + C::B_STAGE;
+    int4* ss = sm + C::M_STAGE;
+    const int64_t row = static_cast<int64_t>(ld_kt) * C::KT;  // first k32 row of the tile
+    const int4* b_base = p.b + row * b_row + ld_col * (C::W / 2);
+    const int4* m_base = p.meta + row * m_row + ld_col * (C::W / 4);
+#pragma unroll
+    for (int i = 0; i < B_PER; ++i) cp_async16(sb + b_dst[i], b_base + b_src[i]);
+#pragma unroll
+    for (int i = 0; i < M_PER; ++i) cp_async16(sm + m_dst[i], m_base + m_src[i]);
+#pragma unroll
+    for (int i = 0; i < A_PER; ++i) {
+      if (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE) {
+        cp_async16_zfill(sa + a_dst[i], a_g + ld_kt * C::A_CHUNKS + a_src[i], a_bytes[i]);
+      }
+    }
+    const int4* s_base = p.s + static_cast<int64_t>(ld_kt) * s_rows * s_row + ld_col * (C::W / 8);
+#pragma unroll
+    for (int i = 0; i < S_PER; ++i) {
+      if (tid + i * C::THREADS < s_count) cp_async16(ss + tid + i * C::THREADS, s_base + s_src[i]);
+    }
+    if (++ld_kt == k_tiles) {
+      ld_kt = 0;
+      ++ld_col;
+    }
+  };
+
+  // --- per-thread shared-memory offsets, fixed for the whole kernel --------------------------------------------
+  // Warp (n_warp, k_warp) computes k32 rows k_warp * KQ + qq of each stage; row q of strip n_warp is the region
+  // q * NS + n_warp of the stage's B (64 chunks) and metadata (32 chunks).
+  const int strip = k_warp * C::KQ * C::NS + n_warp;
+  const int b_x = C::A_STAGE + strip * 64 + 8 * g + t + 4 * (g & 1);        // chunk 8g + t (swizzled)
+  const int b_y = C::A_STAGE + strip * 64 + 8 * g + t + 4 * (1 - (g & 1));  // chunk 8g + 4 + t
+  int m_off[4];  // uint32 offsets of the four metadata words
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int blk = g / 2;
+    const int q = 4 * (t / 2) + (j ^ blk);  // chunk j + 4p of block g / 2, swizzled
+    m_off[j] = (C::A_STAGE + C::B_STAGE + strip * 32 + 8 * blk + q) * 4 + 2 * (g & 1) + (t & 1);
+  }
+  int s_off[C::KQ], a_off[C::KQ];
+#pragma unroll
+  for (int qq = 0; qq < C::KQ; ++qq) {
+    const int q = k_warp * C::KQ + qq;
+    s_off[qq] = C::A_STAGE + C::B_STAGE + C::M_STAGE + (q >> p.lg_group) * (C::W / 8) + n_warp * 16 + 2 * g;
+    // ldmatrix.x4 of 8 rows x 32 K: lanes 8m..8m+7 address rows 0..7 of K chunk 4q + m.
+    a_off[qq] = (lane % 8) * C::A_CHUNKS + ((4 * q + lane / 8) ^ (lane % 8));
+  }
+
+  // TT row tiles x 8 mma tiles (j, p) x 4: independent accumulator chains, one per mma.
+  float acc[C::TT][4][2][4];
+  auto zero_acc = [&]() {
+#pragma unroll
+    for (int i = 0; i < C::TT; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][j][q][e] = 0.f;
+  };
+  zero_acc();
+
+  auto compute_stage = [&](const int4* st) {
+#pragma unroll
+    for (int qq = 0; qq < C::KQ; ++qq) {
+      uint32_t af[C::TT][4];
+#pragma unroll
+      for (int i = 0; i < C::TT; ++i) ldmatrix_x4(af[i], st + a_off[qq] + i * 8 * C::A_CHUNKS);
+      const Words wx(st[b_x + qq * C::NS * 64]), wy(st[b_y + qq * C::NS * 64]);
+      const uint32_t* st32 = reinterpret_cast<const uint32_t*>(st);
+      uint32_t mw[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mw[j] = st32[m_off[j] + qq * C::NS * 32 * 4];
+      Words vx, vy;
+      if (GROUPED) {
+        vx = Words(st[s_off[qq]]);
+        vy = Words(st[s_off[qq] + 1]);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // x0 / x1: rows 16g + j / + 4 (chunk 8g + t); y0 / y1: rows 16g + 8 + j / + 4 (chunk 8g + 4 + t)
+        uint32_t x0[2], x1[2], y0[2], y1[2];
+        dequant(wx[j], x0, x1);
+        dequant(wy[j], y0, y1);
+        if (GROUPED) {  // packed scales pair the columns j and j + 4 of each run of 8 (marlin24.scale_perm)
+          const uint32_t sx0 = bcast_lo(vx[j]), sx1 = bcast_hi(vx[j]), sy0 = bcast_lo(vy[j]), sy1 = bcast_hi(vy[j]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            x0[h] = hmul2(x0[h], sx0);
+            x1[h] = hmul2(x1[h], sx1);
+            y0[h] = hmul2(y0[h], sy0);
+            y1[h] = hmul2(y1[h], sy1);
+          }
+        }
+        // A fragment: row g (K chunk t, then t + 4) and row g + 8 interleaved as mma.sp reads them
+        const uint32_t a0[4] = {x0[0], y0[0], x0[1], y0[1]};
+        const uint32_t a1[4] = {x1[0], y1[0], x1[1], y1[1]};
+#pragma unroll
+        for (int i = 0; i < C::TT; ++i) {
+          mma_sp_16832<0>(a0, af[i], mw[j], acc[i][j][0]);
+          mma_sp_16832<1>(a1, af[i], mw[j], acc[i][j][1]);
+        }
+      }
+    }
+  };
+
+  // --- end of a run inside one column strip: add the k warps, then write C or a partial ------------------------
+  constexpr int groups8 = C::R * (C::W / 8);  // 8-column groups of the tile
+  auto finish = [&](int col, int seg_begin, int seg_end) {
+    // 1. k warps add into `red` one after another (fixed order: reproducible). Accumulator (i, j, p, e) of lane
+    //    (g, t) is row 8i + 2t + e % 2, column 16g + j + 4p + 8 (e / 2) of the warp's strip.
+#pragma unroll 1
+    for (int kw = 0; kw < C::NK; ++kw) {
+      if (k_warp == kw) {
+#pragma unroll
+        for (int i = 0; i < C::TT; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int row = 8 * i + 2 * t + (e & 1);
+                const int y = j + 4 * q + 8 * (e >> 1);
+                float* dst = red + row * C::RED_STRIDE + n_warp * 128 + 8 * y + g;
+                *dst = kw == 0 ? acc[i][j][q][e] : *dst + acc[i][j][q][e];
+              }
+      }
+      __syncthreads();
+    }
+    // 2. 8 consecutive columns per thread: 16-byte stores of C.
+    auto gather = [&](int e, float (&v)[8]) {
+      const float* src = red + (e / (C::W / 8)) * C::RED_STRIDE;
+      const int n0 = (e % (C::W / 8)) * 8;
+#pragma unroll
+      for (int x = 0; x < 8; ++x) v[x] = src[red_col(n0 + x)];
+    };
+    auto store = [&](int e, const float (&v)[8]) {
+      const int r = e / (C::W / 8);
+      const int n0 = col * C::W + (e % (C::W / 8)) * 8;
+      float f[8];
+#pragma unroll
+      for (int x = 0; x < 8; ++x) f[x] = v[x];
+      if (!GROUPED) {  // per-channel scales are stored in column order
+        const __half2* s2 = reinterpret_cast<const __half2*>(p.s) + n0 / 2;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 sv = __half22float2(s2[i]);
+          f[2 * i] *= sv.x;
+          f[2 * i + 1] *= sv.y;
+        }
+      }
+      __half2 h[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+      c_g[static_cast<int64_t>(r) * (p.n / 8) + n0 / 8] = *reinterpret_cast<int4*>(h);
+    };
+    const bool whole = seg_begin == col * k_tiles && seg_end == (col + 1) * k_tiles;
+    if (whole) {
+      for (int e = tid; e < groups8; e += C::THREADS) {
+        if (e / (C::W / 8) >= m_rows) continue;
+        float v[8];
+        gather(e, v);
+        store(e, v);
+      }
+    } else {
+      // Blocks bid_lo..bid_hi share this column strip; slot 0 holds a block's first run, slot 1 its last.
+      const int bid_lo = (col * k_tiles) / iters;
+      const int bid_hi = ((col + 1) * k_tiles - 1) / iters;
+      auto slot = [&](int b) {
+        const int s = b * iters >= col * k_tiles ? 0 : 1;
+        return p.partials + (static_cast<int64_t>(chunk * p.blocks_per_chunk + b) * 2 + s) * (C::R * C::W);
+      };
+      float* mine = slot(bid);
+      for (int e = tid; e < groups8; e += C::THREADS) {
+        if (e / (C::W / 8) >= m_rows) continue;
+        float v[8];
+        gather(e, v);
+        float4* dst = reinterpret_cast<float4*>(mine + e * 8);
+        dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+      }
+      __threadfence();  // release: the partial is visible device-wide before the counter moves
+      __syncthreads();
+      if (tid == 0) {
+        int* ctr = p.counters + chunk * n_cols + col;
+        const int done = atomicAdd(ctr, 1);
+        const int last = done == bid_hi - bid_lo;
+        if (last) atomicExch(ctr, 0);  // every participant has counted: leave the workspace zeroed
+        __threadfence();               // acquire: the partials read below are not older than the count
+        s_last = last;
+      }
+      __syncthreads();
+      if (s_last) {
+        for (int e = tid; e < groups8; e += C::THREADS) {
+          if (e / (C::W / 8) >= m_rows) continue;
+          // Loads of 4 parts are issued before their adds: one L2 round trip per 4 parts instead of per part (a
+          // strip of a small layer has ~16 parts, and this loop is on the critical path). Same order of adds; one
+          // half of the 8 columns at a time keeps the registers within the short chunks' budget.
+          float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            for (int b0 = bid_lo; b0 <= bid_hi; b0 += 4) {
+              float4 x[4];
+#pragma unroll
+              for (int u = 0; u < 4; ++u) {
+                if (b0 + u <= bid_hi) x[u] = __ldcg(reinterpret_cast<const float4*>(slot(b0 + u) + e * 8) + h);
+              }
+#pragma unroll
+              for (int u = 0; u < 4; ++u) {
+                if (b0 + u <= bid_hi) {
+                  v[4 * h] += x[u].x, v[4 * h + 1] += x[u].y, v[4 * h + 2] += x[u].z, v[4 * h + 3] += x[u].w;
+                }
+              }
+            }
+          }
+          store(e, v);
+        }
+      }
+    }
+    zero_acc();  // `red` is next written after the main loop's barrier, so no barrier is needed here
+  };
+
+  // --- main loop ---------------------------------------------------------------------------------------------
+#pragma unroll
+  for (int s = 0; s < C::STAGES - 1; ++s) {
+    if (s < n_iter) load_stage(smem + s * C::STAGE);
+    cp_async_commit();
+  }
+  int seg_begin = t_begin;
+  int slot = 0, slot_next = C::STAGES - 1;
+  int cur_col = t_begin / k_tiles;
+  int cur_kt = t_begin - cur_col * k_tiles;
+#pragma unroll 1
+  for (int it = 0; it < n_iter; ++it) {
+    cp_async_wait<C::STAGES - 2>();  // stage `it` has landed (one commit per iteration, empty ones included)
+    __syncthreads();                 // ... for every thread, and every thread is done with stage it - 1
+    const int next = it + C::STAGES - 1;
+    if (next < n_iter) load_stage(smem + slot_next * C::STAGE);
+    cp_async_commit();
+    compute_stage(smem + slot * C::STAGE);
+    slot = slot + 1 == C::STAGES ? 0 : slot + 1;
+    slot_next = slot_next + 1 == C::STAGES ? 0 : slot_next + 1;
+    const bool strip_end = ++cur_kt == k_tiles;
+    if (strip_end || it + 1 == n_iter) {
+      const int tile = t_begin + it;
+      finish(cur_col, seg_begin, tile + 1);
+      seg_begin = tile + 1;
+    }
+    if (strip_end) {
+      cur_kt = 0;
+      ++cur_col;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+}  // namespace sparse24
+}  // namespace marlin_cli

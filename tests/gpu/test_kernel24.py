@@ -1,0 +1,132 @@
+"""The 2:4 CUDA kernel against the float32 reference of the dequantized 2:4 weights on the H200.
+
+Tolerance: mean|C - C_ref| / mean|C_ref| <= 2e-3, as for the dense kernel and for the same reasons: the kernel
+rounds each dequantized, scaled weight to fp16 (relative error <= 2^-11), accumulates in fp32 in its own order and
+rounds C to fp16 (<= 2^-11); independent rounding errors average to a few 1e-4 of the output's magnitude, while a
+wrong tile, metadata word, scale or row shows up as an error of order 1.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from gpu_helpers import random_operands24, rel_error
+
+from marlin_cli.errors import ShapeError
+from marlin_cli.formats import marlin24
+from marlin_cli.kernel import ops, reference
+
+pytestmark = pytest.mark.gpu
+
+TOL = 2e-3  # see the module docstring
+M_ALL = (1, 7, 16, 17, 64, 100, 128, 256, 1024)
+LLAMA2_7B = ((4096, 12288), (4096, 4096), (4096, 22016), (11008, 4096))
+LLAMA3_70B = ((8192, 10240), (28672, 8192))
+MINILM = ((384, 384), (384, 1536), (1536, 384))
+
+
+def _poison(m: int, n: int) -> None:
+    """Leave a NaN-filled block of C's size in the caching allocator, so the op's fresh output starts as NaN."""
+    t = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+    del t
+
+
+@functools.lru_cache(maxsize=4)
+def _layer(k: int, n: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random 2:4 layer and its float32 dequantized weights (unpacked on the GPU), shared by the M sweeps."""
+    _, b24, meta, s = random_operands24(1, k, n, group, seed=k + n + group)
+    return b24, meta, s, reference.dequantize24(b24, meta, s)
+
+
+def _check(m: int, k: int, n: int, group: int) -> float:
+    b24, meta, s, w = _layer(k, n, group)
+    a = torch.randn(m, k, generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").half()
+    ref = a.float() @ w
+    _poison(m, n)
+    c = ops.gemm24(a, b24, meta, s)
+    torch.cuda.synchronize()
+    assert c.shape == (m, n) and c.dtype == torch.float16
+    err = rel_error(c, ref)
+    assert err <= TOL, f"m={m} k={k} n={n} g={group}: relative error {err:.2e} > {TOL}"
+    return err
+
+
+def test_random_metadata_is_valid() -> None:
+    _, b24, meta, s = random_operands24(1, 256, 128, 128)
+    codes, _ = marlin24.unpack(b24, meta, s)  # raises on an invalid nibble
+    assert ((codes.reshape(64, 4, 128) != 8).sum(1) <= 2).all()
+
+
+@pytest.mark.parametrize("group", [-1, 32, 128])
+def test_against_reference_module(group: int) -> None:
+    """The kernel against marlin_cli.kernel.reference itself (CPU unpack) on a layer packed by marlin24.pack."""
+    gen = torch.Generator().manual_seed(group + 2)
+    w = torch.randn(512, 384, generator=gen)
+    w = w * (w.abs().reshape(128, 4, 384).argsort(1).argsort(1) >= 2).reshape(512, 384)  # the 2 largest of 4
+    groups = 1 if group == -1 else 512 // group
+    scales = (w.abs().reshape(groups, -1, 384).amax(1) / 7).half().float()
+    codes = (torch.round(w / scales.repeat_interleave(512 // groups, 0)).clamp(-8, 7) + 8).to(torch.uint8)
+    packed = {name: t.cuda() for name, t in marlin24.pack(codes, scales).items()}
+    a = torch.randn(33, 512, device="cuda").half()
+    _poison(33, 384)
+    c = ops.gemm24(a, packed["B_24"], packed["B_meta"], packed["s"])
+    ref = reference.gemm24(a.cpu().float(), *(t.cpu() for t in packed.values()))
+    assert rel_error(c.cpu(), ref) <= TOL
+
+
+@pytest.mark.parametrize("k,n", [(128, 128), *MINILM, (4096, 4096), (11008, 4096)], ids=str)
+@pytest.mark.parametrize("m", M_ALL)
+def test_m_sweep(m: int, k: int, n: int) -> None:
+    _check(m, k, n, 128)
+
+
+@pytest.mark.parametrize("k,n", [*LLAMA2_7B, *LLAMA3_70B], ids=str)
+@pytest.mark.parametrize("m", [1, 16, 128, 256])
+def test_large_shapes(m: int, k: int, n: int) -> None:
+    _check(m, k, n, 128)
+
+
+@pytest.mark.parametrize("k,n", [(1024, 768), (4096, 4096)], ids=str)
+@pytest.mark.parametrize("group", [-1, 32, 64, 128])
+@pytest.mark.parametrize("m", [1, 7, 17, 100, 256])
+def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
+    _check(m, k, n, group)
+
+
+def test_large_m() -> None:
+    """m past one launch's 16 chunks, with a ragged last chunk."""
+    _check(16 * 32 * 2 + 13, 1024, 512, 128)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 11008, 4096), (16, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)])
+def test_repeatable(m: int, k: int, n: int) -> None:
+    """Partial sums are added in a fixed order, so repeated launches give bit-identical outputs."""
+    a, b24, meta, s = random_operands24(m, k, n, 128, seed=5)
+    first = ops.gemm24(a, b24, meta, s)
+    for _ in range(3):
+        _poison(m, n)
+        assert torch.equal(ops.gemm24(a, b24, meta, s), first)
+
+
+def test_bad_operands() -> None:
+    a, b24, meta, s = random_operands24(4, 256, 128, 128)
+    with pytest.raises(ShapeError, match="do not fit"):
+        ops.gemm24(a, b24, meta, torch.ones(3, 128, dtype=torch.float16, device="cuda"))
+    with pytest.raises(ShapeError, match="float16"):
+        ops.gemm24(a.float(), b24, meta, s)
+    with pytest.raises(ShapeError, match="int16"):
+        ops.gemm24(a, b24, meta.int(), s)
+    with pytest.raises(ShapeError, match="contiguous"):
+        ops.gemm24(torch.randn(256, 4, device="cuda").half().t(), b24, meta, s)
+    with pytest.raises(ShapeError, match="do not match"):
+        ops.gemm24(a, b24[:4], meta[:4], s)
+    with pytest.raises(ShapeError, match="multiple of 128"):
+        ops.gemm24(a, b24[:, :128], meta[:, :128], s[:, :64].contiguous())
+
+
+def test_opcheck() -> None:
+    a, b24, meta, s = random_operands24(17, 512, 256, 128)
+    ops.gemm24(a, b24, meta, s)  # builds, loads and registers the fake
+    torch.library.opcheck(torch.ops.marlin_cli.gemm24.default, (a, b24, meta, s, ops.workspace(a.device)))
