@@ -19,15 +19,20 @@ def quant(w: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return code, (code - 8) * s
 
 
-def reference_gptq(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, act_order: str, damp: float = 0.01):
-    """Returns codes (N, K) and per-column scales (N, K), both in the original column order."""
+def prepare(weight: torch.Tensor, hessian: torch.Tensor, group_size: int):
+    """Float64 copies with dead input channels (H_ii = 0) handled: H_ii = 1 and the weight column 0; and g."""
     w = weight.double().clone()
     h = hessian.double().clone()
-    n, k = w.shape
-    g = k if group_size == -1 else group_size
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
     w[:, dead] = 0
+    return w, h, w.shape[1] if group_size == -1 else group_size
+
+
+def reference_gptq(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, act_order: str, damp: float = 0.01):
+    """Returns codes (N, K) and per-column scales (N, K), both in the original column order."""
+    w, h, g = prepare(weight, hessian, group_size)
+    n, k = w.shape
     order = torch.argsort(torch.diag(h), descending=True) if act_order != "none" else torch.arange(k)
     static = act_order == "static" or g == k
     upfront = torch.zeros(n, k, dtype=torch.float64)
@@ -57,13 +62,8 @@ def reference_sparsegpt(weight: torch.Tensor, hessian: torch.Tensor, group_size:
 
     Returns codes (N, K) (pruned: 8), per-column scales (N, K) and the pruned mask (N, K), all float64/bool.
     """
-    w = weight.double().clone()
-    h = hessian.double().clone()
+    w, h, g = prepare(weight, hessian, group_size)
     n, k = w.shape
-    g = k if group_size == -1 else group_size
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1
-    w[:, dead] = 0
     upfront = fp16_scale(w.abs().amax(1)) if g == k else None
     h = h + damp * torch.diag(h).mean() * torch.eye(k, dtype=torch.float64)
     u = torch.linalg.cholesky(torch.linalg.inv(h), upper=True)

@@ -163,19 +163,18 @@ def test_pack_sparse24_from_our_dense_marlin_checkpoint(tiny_models, run_cli, tm
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--act-order", "static"], "--act-order static with --sparse24"),
-        (["--act-order", "group"], "--act-order group with --sparse24"),
-        (["--format", "gptq"], "--format gptq with --sparse24"),
-        (["--format", "compressed-tensors"], "--format compressed-tensors with --sparse24"),
-        (["--method", "magnitude", "--no-sparse"], "--method magnitude is the 2:4 pruning baseline"),
+        (["--sparse24", "--act-order", "static"], "--act-order static with --sparse24"),
+        (["--sparse24", "--act-order", "group"], "--act-order group with --sparse24"),
+        (["--sparse24", "--format", "gptq"], "--format gptq with --sparse24"),
+        (["--sparse24", "--format", "compressed-tensors"], "--format compressed-tensors with --sparse24"),
+        (["--method", "magnitude"], "--method magnitude is the 2:4 pruning baseline"),
     ],
     ids=["static", "group", "gptq", "compressed-tensors", "magnitude-dense"],
 )
 def test_quantize_refusals(args: list[str], message: str, tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
-    sparse = [] if "--no-sparse" in args else ["--sparse24"]
-    args = [a for a in args if a != "--no-sparse"]
-    code, _, stderr = run_cli("quantize", tiny_models("llama"), tmp_path / "out", *sparse, *args)
-    assert code == 2 and message in " ".join(stderr.split()), stderr
+    for dry in ([], ["--dry-run"]):
+        code, _, stderr = run_cli("quantize", tiny_models("llama"), tmp_path / "out", *args, *dry)
+        assert code == 2 and message in " ".join(stderr.split()), stderr
     assert not (tmp_path / "out").exists()
 
 
