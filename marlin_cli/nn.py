@@ -73,16 +73,24 @@ def quantization_config(path: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path / 'config.json'}: quantization_config is not a Marlin one (quant_method 'marlin')"
         )
+    return qc
+
+
+def is_sparse24(path: Path, qc: dict[str, Any]) -> bool:
+    """Whether the checkpoint's quantized layers are 2:4 (sparsity "2:4"); CheckpointError for any other sparsity."""
     if qc.get("sparsity") not in (None, "2:4"):
         raise CheckpointError(
             f"{path / 'config.json'}: sparsity {qc['sparsity']!r} is not one marlin reads (null for dense, '2:4')"
         )
-    return qc
+    if qc.get("sparsity") == "2:4" and qc.get("desc_act"):
+        raise CheckpointError(f"{path / 'config.json'}: desc_act with sparsity '2:4': the 2:4 layout has no perm")
+    return qc.get("sparsity") == "2:4"
 
 
 def load_quantized(path: Path, device: str | torch.device = "cpu") -> PreTrainedModel:
     """Build the checkpoint's model class with MarlinLinear layers and load every tensor from disk."""
     qc = quantization_config(path)
+    sparse = is_sparse24(path, qc)
     store = Checkpoint(path)
     config = AutoConfig.from_pretrained(path)
     archs = getattr(config, "architectures", None) or []
@@ -93,7 +101,7 @@ def load_quantized(path: Path, device: str | torch.device = "cpu") -> PreTrained
         old = model.get_submodule(name)
         groups = store.entry(f"{name}.s")["shape"][0]
         bias = getattr(old, "bias", None) is not None
-        layer = MarlinLinear(k, n, groups, qc.get("desc_act", False), bias, qc.get("sparsity") == "2:4")
+        layer = MarlinLinear(k, n, groups, qc.get("desc_act", False), bias, sparse)
         setattr(model.get_submodule(parent), attr, layer)
     state = {name: store.tensor(name) for name in store.names()}
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -17,7 +17,7 @@ from marlin_cli.formats import marlin24
 from marlin_cli.io.checkpoint import REPORT, Checkpoint, sha256
 from marlin_cli.kernel import ops, reference
 from marlin_cli.model.load import open_model, open_tokenizer
-from marlin_cli.nn import load_quantized, quantization_config
+from marlin_cli.nn import is_sparse24, load_quantized, quantization_config
 
 # mean|C - C_ref| / mean|C_ref| allowed between the kernel and the float32 reference: fp16 rounding of the output
 # (2^-11 relative at most) plus a different fp32 accumulation order stay well below this.
@@ -45,7 +45,7 @@ def verify_checkpoint(path: Path, device: str | None = None, seed: int = 0) -> l
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator().manual_seed(seed)
     checks = []
-    sparse = qc.get("sparsity") == "2:4"
+    sparse = is_sparse24(path, qc)
     op, ref = (ops.gemm24, reference.gemm24) if sparse else (ops.gemm, reference.gemm)
     for name, (k, n) in sorted(qc["quantized_modules"].items()):
         started = time.perf_counter()
