@@ -76,17 +76,6 @@ def quantization_config(path: Path) -> dict[str, Any]:
     return qc
 
 
-def is_sparse24(path: Path, qc: dict[str, Any]) -> bool:
-    """Whether the checkpoint's quantized layers are 2:4 (sparsity "2:4"); CheckpointError for any other sparsity."""
-    if qc.get("sparsity") not in (None, "2:4"):
-        raise CheckpointError(
-            f"{path / 'config.json'}: sparsity {qc['sparsity']!r} is not one marlin reads (null for dense, '2:4')"
-        )
-    if qc.get("sparsity") == "2:4" and qc.get("desc_act"):
-        raise CheckpointError(f"{path / 'config.json'}: desc_act with sparsity '2:4': the 2:4 layout has no perm")
-    return qc.get("sparsity") == "2:4"
-
-
 def load_quantized(path: Path, device: str | torch.device = "cpu") -> PreTrainedModel:
     """Build the checkpoint's model class with MarlinLinear layers and load every tensor from disk."""
     qc = quantization_config(path)
@@ -122,3 +111,14 @@ def _is_tied(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -> bool
         return False
     ptr = params[key].data_ptr()
     return any(params[k].data_ptr() == ptr for k in state if k in params and k != key)
+
+
+def is_sparse24(path: Path, qc: dict[str, Any]) -> bool:
+    """Whether the checkpoint's quantized layers are 2:4 (sparsity "2:4"); CheckpointError for any other sparsity."""
+    if qc.get("sparsity") not in (None, "2:4"):
+        raise CheckpointError(
+            f"{path / 'config.json'}: sparsity {qc['sparsity']!r} is not one marlin reads (null for dense, '2:4')"
+        )
+    if qc.get("sparsity") == "2:4" and qc.get("desc_act"):
+        raise CheckpointError(f"{path / 'config.json'}: desc_act with sparsity '2:4': the 2:4 layout has no perm")
+    return qc.get("sparsity") == "2:4"
