@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from marlin_cli.errors import ConfigError
+from marlin_cli.errors import ConfigError, UsageError
 
 GROUP_SIZES = (-1, 32, 64, 128)
 
@@ -23,8 +23,9 @@ class ActOrder(str, Enum):
 
 
 class Method(str, Enum):
-    GPTQ = "gptq"
-    RTN = "rtn"
+    GPTQ = "gptq"  # with sparse24: SparseGPT (saliency-chosen 2:4 mask, both errors propagated)
+    RTN = "rtn"  # with sparse24: magnitude 2:4, then round to nearest
+    MAGNITUDE = "magnitude"  # sparse24 only: magnitude 2:4, then GPTQ with the mask fixed (the baseline)
 
 
 @dataclass(frozen=True)
@@ -33,15 +34,26 @@ class QuantConfig:
 
     bits: int = 4
     group_size: int = 128
-    act_order: ActOrder = ActOrder.STATIC
+    act_order: ActOrder = None  # type: ignore[assignment]  # resolved below: static, or none with sparse24
     method: Method = Method.GPTQ
     damp: float = 0.01  # fraction of the mean Hessian diagonal added to the diagonal
     clip: bool = False  # Hessian-weighted search over shrunken group scales
     block_size: int = 128  # GPTQ lazy-batch width (columns)
+    sparse24: bool = False  # prune to 2:4 (2 of every 4 consecutive input weights kept) and store the 2:4 layout
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "act_order", _enum(ActOrder, self.act_order, "--act-order"))
+        default = ActOrder.NONE if self.sparse24 else ActOrder.STATIC
+        object.__setattr__(self, "act_order", _enum(ActOrder, self.act_order or default, "--act-order"))
         object.__setattr__(self, "method", _enum(Method, self.method, "--method"))
+        if self.sparse24 and self.act_order is not ActOrder.NONE:
+            raise UsageError(
+                f"--act-order {self.act_order.value} with --sparse24: 2:4 pruning chooses its mask in the natural "
+                "column order, and the 2:4 layout stores no permutation; leave --act-order out (it defaults to none)"
+            )
+        if self.method is Method.MAGNITUDE and not self.sparse24:
+            raise UsageError(
+                "--method magnitude is the 2:4 pruning baseline and needs --sparse24; for dense weights use gptq or rtn"
+            )
         if self.bits != 4:
             raise ConfigError(f"--bits {self.bits} is not supported: the Marlin format stores 4-bit weights")
         if self.group_size not in GROUP_SIZES:

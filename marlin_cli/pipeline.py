@@ -19,11 +19,12 @@ from marlin_cli.algo.hessian import Hessian, weighted_error
 from marlin_cli.algo.result import QuantResult
 from marlin_cli.algo.rtn import rtn
 from marlin_cli.algo.scales import FP16_MAX, LARGEST_WEIGHT
+from marlin_cli.algo.sparsegpt import magnitude_gptq, magnitude_rtn, sparsegpt
 from marlin_cli.calib.capture import BlockInputs, capture_inputs, group_hessian, input_groups, run_block
 from marlin_cli.calib.data import load_texts, token_samples
 from marlin_cli.config import ActOrder, CalibConfig, Method, QuantConfig
 from marlin_cli.errors import ModelError, NumericalError, UsageError
-from marlin_cli.formats import compressed_tensors, marlin
+from marlin_cli.formats import compressed_tensors, marlin, marlin24
 from marlin_cli.formats import gptq as gptq_format
 from marlin_cli.io import checkpoint as ckpt
 from marlin_cli.model.layout import (
@@ -80,6 +81,7 @@ class Job:
 
     def __post_init__(self) -> None:
         self.format = output_format(self.format)
+        check_format(self.format, self.quant, [])  # what the settings alone rule out, before a model is opened
 
 
 @dataclass
@@ -91,7 +93,8 @@ class LayerReport:
     reason: str | None = None  # why kept, or why it fell back to RTN
     method: str | None = None
     error: float | None = None  # ||X (W - Wq)^T||^2 / ||X W^T||^2 on the calibration inputs (weights only for RTN)
-    rtn_error: float | None = None  # the same for RTN on the same data
+    rtn_error: float | None = None  # the same for RTN (with sparse24: magnitude 2:4 + RTN) on the same data
+    magnitude_error: float | None = None  # sparse24 with calibration: the same for the magnitude 2:4 + GPTQ baseline
     damp: float | None = None
     seconds: float = 0.0
 
@@ -112,7 +115,8 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
     check_format(job.format, job.quant, [find_linears(b) for b in blocks], kept)
     if not any(r.status == "quantized" for r in plan.values()):
         reasons = sorted({r.reason for r in plan.values() if r.reason})
-        raise ModelError(f"{source}: no layer has a shape the Marlin format accepts ({'; '.join(reasons)})")
+        layout = "2:4 Marlin layout" if job.quant.sparse24 else "Marlin format"
+        raise ModelError(f"{source}: no layer has a shape the {layout} accepts ({'; '.join(reasons)})")
     on_progress(Progress("load", 1, 1, str(source)))
 
     device = torch.device(job.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -124,7 +128,7 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
                 t.data = t.data.float()
 
     inputs, tokens = None, 0
-    if job.quant.method is Method.GPTQ:
+    if job.quant.method is not Method.RTN:
         inputs, tokens = _calibration_inputs(
             job, source, loaded.config, model, blocks_name, blocks, device, on_progress
         )
@@ -178,7 +182,7 @@ def plan_layers(blocks_name: str, blocks: nn.ModuleList, cfg: QuantConfig) -> di
         for name, module in find_linears(block).items():
             k, n = in_out(module)
             full = f"{blocks_name}.{b}.{name}"
-            problem = marlin.shape_problem(k, n, cfg.group_size)
+            problem = (marlin24 if cfg.sparse24 else marlin).shape_problem(k, n, cfg.group_size)
             plan[full] = LayerReport(full, k, n, "kept" if problem else "quantized", reason=problem)
         for name, param in block.named_parameters():
             if param.dim() == 3:  # MoE experts fused into one (experts, ., .) tensor, as transformers 5 stores them
@@ -238,7 +242,7 @@ def _quantize_block(
             if inputs is not None and hessian is None:
                 report.reason = "not reached by the calibration data: RTN"
             result = _solve(linears[name], hessian, cfg, report)
-            packed.update(pack_layer(job.format, f"{prefix}.{name}", result))
+            packed.update(pack_layer(job.format, f"{prefix}.{name}", result, cfg.sparse24))
             on_layer(f"{prefix}.{name}")
     if inputs is not None:
         for i in range(len(inputs.hidden)):
@@ -251,24 +255,39 @@ def _solve(module: nn.Module, hessian: Hessian | None, cfg: QuantConfig, report:
     w = weight_matrix(module).float()
     if float(w.abs().max()) > LARGEST_WEIGHT:  # e.g. bf16 outliers: the layer is still stored, and says so
         report.reason = f"weights beyond {LARGEST_WEIGHT:.3g} saturate: fp16 scales are clamped to {FP16_MAX:g}"
-    baseline = rtn(w, cfg.group_size, cfg.clip and hessian is None)
+    baseline = (magnitude_rtn if cfg.sparse24 else rtn)(w, cfg.group_size, cfg.clip and hessian is None)
     result = baseline
     if hessian is not None:
         try:
-            result = gptq(w, hessian.matrix, cfg)
+            result = _calibrated(cfg)(w, hessian.matrix, cfg)
         except NumericalError as e:
             report.reason = "; ".join(filter(None, [report.reason, f"{e}: RTN"]))
-    report.method = "gptq" if result is not baseline else "rtn"
+    report.method = method_name(cfg) if result is not baseline else "rtn"
     report.damp = result.damp if result is not baseline else None
     if hessian is not None:
         total = weighted_error(w, hessian.matrix)
         report.error = weighted_error(w - result.weight(), hessian.matrix) / total
         report.rtn_error = weighted_error(w - baseline.weight(), hessian.matrix) / total
+        if result is not baseline and report.method == "sparsegpt":  # the baseline SparseGPT must beat
+            magnitude = magnitude_gptq(w, hessian.matrix, cfg)
+            report.magnitude_error = weighted_error(w - magnitude.weight(), hessian.matrix) / total
     else:
         report.error = report.rtn_error = float((w - result.weight()).square().sum() / w.square().sum())
     set_weight_matrix(module, result.weight())
     report.seconds = round(time.perf_counter() - started, 4)
     return result
+
+
+def _calibrated(cfg: QuantConfig) -> Callable[[torch.Tensor, torch.Tensor, QuantConfig], QuantResult]:
+    """The calibrated solver of `cfg`: GPTQ, SparseGPT (sparse24) or the magnitude 2:4 baseline."""
+    if cfg.method is Method.MAGNITUDE:
+        return magnitude_gptq
+    return sparsegpt if cfg.sparse24 else gptq
+
+
+def method_name(cfg: QuantConfig) -> str:
+    """What the report calls the method of `cfg`: gptq, sparsegpt, magnitude or rtn."""
+    return "sparsegpt" if cfg.sparse24 and cfg.method is Method.GPTQ else cfg.method.value
 
 
 def _pack_marlin(result: QuantResult) -> dict[str, torch.Tensor]:
@@ -290,16 +309,23 @@ PACKERS: dict[OutputFormat, Callable[[QuantResult], dict[str, torch.Tensor]]] = 
 }
 
 
-def pack_layer(fmt: OutputFormat, name: str, result: QuantResult) -> dict[str, torch.Tensor]:
-    """The checkpoint tensors of one quantized layer in `fmt`, named `<name>.<tensor>`."""
+def pack_layer(fmt: OutputFormat, name: str, result: QuantResult, sparse24: bool = False) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors of one quantized layer in `fmt` (the 2:4 layout when `sparse24`), named
+    `<name>.<tensor>`."""
     cpu = QuantResult(result.codes.cpu(), result.scales.cpu(), None if result.perm is None else result.perm.cpu())
-    return {f"{name}.{key}": t for key, t in PACKERS[OutputFormat(fmt)](cpu).items()}
+    tensors = marlin24.pack(cpu.codes, cpu.scales) if sparse24 else PACKERS[OutputFormat(fmt)](cpu)
+    return {f"{name}.{key}": t for key, t in tensors.items()}
 
 
 def check_format(
     fmt: OutputFormat, cfg: QuantConfig, linears: list[dict[str, nn.Module]], kept: list[str] | None = None
 ) -> None:
     """Refuse, before any work, settings that `fmt` cannot carry; `kept`: block layers that stay unquantized."""
+    if cfg.sparse24 and fmt is not OutputFormat.MARLIN:
+        raise UsageError(
+            f"--format {fmt.value} with --sparse24: that format has no 2:4 layout (its readers take dense 4-bit "
+            "weights); 2:4 checkpoints are written in the marlin format (leave --format out) and run on MarlinLinear"
+        )
     if fmt is OutputFormat.GPTQ and kept:
         # GPTQ loaders expect qweight for every linear layer of a block; a dense one there would not load
         raise UsageError(
@@ -366,7 +392,8 @@ def _marlin_config(cfg: QuantConfig, plan: dict[str, LayerReport]) -> dict[str, 
     quantized = {r.name: [r.in_features, r.out_features] for r in plan.values() if r.status == "quantized"}
     return {
         "quant_method": "marlin",
-        "format": "marlin",
+        "format": "marlin_24" if cfg.sparse24 else "marlin",
+        "sparsity": "2:4" if cfg.sparse24 else None,  # 2:4: every quantized layer is stored as .B_24/.B_meta/.s
         "bits": cfg.bits,
         "group_size": cfg.group_size,
         "desc_act": cfg.act_order is ActOrder.GROUP,  # True: the checkpoint stores a K-permutation per layer
@@ -419,6 +446,7 @@ def _write(
         quantized = [r for r in plan.values() if r.status == "quantized"]
         err = sum(r.error or 0 for r in quantized)
         rtn_err = sum(r.rtn_error or 0 for r in quantized)
+        magnitude_err = sum(r.magnitude_error or 0 for r in quantized)
         report["files"] = {"shards": sums, "copied": copied}
         report["summary"] = {
             "quantized": len(quantized),
@@ -426,6 +454,7 @@ def _write(
             "error_sum": err,
             "rtn_error_sum": rtn_err,
             "error_vs_rtn": err / rtn_err if rtn_err else None,
+            "error_vs_magnitude": err / magnitude_err if magnitude_err else None,
             "bytes": sum(sizes.values()),
             "seconds": round(time.perf_counter() - started, 2),
         }

@@ -46,7 +46,9 @@ def dry_run(job: Job) -> dict[str, Any]:
             k, n = layer.in_features, layer.out_features
             groups = 1 if job.quant.group_size == -1 else k // job.quant.group_size
             perm = 4 * k if job.quant.act_order is ActOrder.GROUP else 0
-            sizes[name] = k * n // 2 + 2 * groups * n + perm  # 4-bit codes, fp16 scales, int32 permutation
+            # 4-bit codes (2:4: the kept half, plus 2 bits of metadata per kept code), fp16 scales, int32 permutation
+            codes = 3 * k * n // 8 if job.quant.sparse24 else k * n // 2
+            sizes[name] = codes + 2 * groups * n + perm
         else:
             sizes[name] = t.numel() * dtype.itemsize
     shards = ckpt.plan_shards(sizes, job.max_shard_size)
@@ -58,7 +60,8 @@ def dry_run(job: Job) -> dict[str, Any]:
     outside = sum(sizes[k] for k in sizes if not k.startswith(f"{blocks_name}."))
     widest = max((r.in_features, r.out_features) for r in plan.values())
     solve_bytes = 4 * (widest[0] ** 2 * 3 + widest[0] * widest[1] * 4)  # Hessian, its factor and inverse; W copies
-    acts = job.calib.nsamples * seqlen * hidden * dtype.itemsize if job.quant.method is Method.GPTQ else 0
+    calibrated = job.quant.method is not Method.RTN
+    acts = job.calib.nsamples * seqlen * hidden * dtype.itemsize if calibrated else 0
     return {
         "model": job.model,
         "source": str(source),
@@ -82,7 +85,7 @@ def dry_run(job: Job) -> dict[str, Any]:
             (outside + block_bytes + sum(sizes.values()) + max(sum(sizes[n] for n in shard) for shard in shards)) / GIB,
             2,
         ),
-        "calibration_tokens_at_most": job.calib.nsamples * seqlen if job.quant.method is Method.GPTQ else 0,
+        "calibration_tokens_at_most": job.calib.nsamples * seqlen if calibrated else 0,
     }
 
 

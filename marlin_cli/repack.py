@@ -1,7 +1,9 @@
 """Convert an already-quantized checkpoint (GPTQ, compressed-tensors pack-quantized) layer by layer, no calibration.
 
 Symmetric 4-bit layers convert exactly (codes copied, scales unchanged); anything else needs `requantize`, which
-re-quantizes the dequantized weights with RTN and reports the added error. Reports progress, never prints.
+re-quantizes the dequantized weights with RTN and reports the added error. With `sparse24`, one of our own dense
+Marlin checkpoints is re-quantized to 2:4 (magnitude 2:4 + RTN of its dequantized weights). Reports progress, never
+prints.
 """
 
 from __future__ import annotations
@@ -17,15 +19,21 @@ import torch
 from marlin_cli import __version__
 from marlin_cli.algo.result import QuantResult
 from marlin_cli.algo.rtn import rtn
+from marlin_cli.algo.sparsegpt import magnitude_rtn
 from marlin_cli.config import ActOrder, Method, QuantConfig
 from marlin_cli.errors import CheckpointError, MarlinError, UsageError
-from marlin_cli.formats import compressed_tensors, gptq, marlin
+from marlin_cli.formats import compressed_tensors, gptq, marlin, marlin24
 from marlin_cli.io import checkpoint as ckpt
 from marlin_cli.pipeline import LayerReport, OutputFormat, Progress, ProgressFn, check_format, pack_layer
 from marlin_cli.pipeline import quantization_config as make_config
 
-GPTQ, COMPRESSED = "gptq", "compressed-tensors"
-KEYS = {GPTQ: ("qweight", gptq.TENSORS), COMPRESSED: ("weight_packed", compressed_tensors.TENSORS)}
+GPTQ, COMPRESSED, MARLIN = "gptq", "compressed-tensors", "marlin"
+# per source kind: the tensor that marks a quantized layer, the layer's tensors, and its scales
+KEYS = {
+    GPTQ: ("qweight", gptq.TENSORS, "scales"),
+    COMPRESSED: ("weight_packed", compressed_tensors.TENSORS, "weight_scale"),
+    MARLIN: ("B", ("B", "s", "perm"), "s"),
+}
 
 
 @dataclass
@@ -34,7 +42,9 @@ class RepackJob:
     output: Path
     format: OutputFormat = OutputFormat.MARLIN
     requantize: bool = False
-    group_size: int = 128  # only with requantize
+    sparse24: bool = False  # re-quantize a dense Marlin checkpoint to 2:4
+    group_size: int = 128  # only with requantize or sparse24
+    clip: bool = False  # only with sparse24: squared-error clipping search of the RTN scales
     max_shard_size: int = 5 * 10**9
     force: bool = False
 
@@ -43,7 +53,7 @@ class RepackJob:
 class Source:
     """What kind of quantized checkpoint a directory holds, and the per-layer settings that matter."""
 
-    kind: str  # GPTQ or COMPRESSED
+    kind: str  # GPTQ, COMPRESSED or MARLIN
     bits: int
     sym: bool
     checkpoint_format: str  # GPTQ zero convention: "gptq" (v1) or "gptq_v2"
@@ -72,7 +82,9 @@ def source_format(path: Path) -> Source | None:
         size = -1 if w.get("strategy") == "channel" else w.get("group_size")
         return Source(COMPRESSED, int(w.get("num_bits", 4)), bool(w.get("symmetric", True)), "", size)
     if method == "marlin":
-        raise CheckpointError(f"{path}: already a Marlin checkpoint; nothing to convert")
+        if qc.get("sparsity"):
+            raise CheckpointError(f"{path}: already a {qc['sparsity']} sparse Marlin checkpoint; nothing to convert")
+        return Source(MARLIN, 4, True, "", qc.get("group_size"))
     raise CheckpointError(f"{path}: quant_method {method!r} is not one marlin reads (gptq, compressed-tensors)")
 
 
@@ -92,9 +104,16 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
     ckpt.check_output(job.output, job.force, [job.source])
     src = source_format(job.source)
     if src is None:
-        raise UsageError(f"{job.source}: not a GPTQ or compressed-tensors checkpoint")
+        raise UsageError(f"{job.source}: not a GPTQ, compressed-tensors or Marlin checkpoint")
+    if (src.kind == MARLIN) != job.sparse24:
+        raise CheckpointError(
+            f"{job.source}: already a Marlin checkpoint; nothing to convert (--sparse24 re-quantizes it to 2:4)"
+            if src.kind == MARLIN
+            else f"{job.source}: a {src.kind} checkpoint; --sparse24 takes a dense fp16/bf16 model or marlin's own "
+            "dense Marlin checkpoint: convert it with `marlin pack` first, then run `marlin pack --sparse24` on that"
+        )
     store = ckpt.Checkpoint(job.source)
-    marker, suffixes = KEYS[src.kind]
+    marker, suffixes, scales = KEYS[src.kind]
     prefixes = sorted(n.removesuffix(f".{marker}") for n in store.names() if n.endswith(f".{marker}"))
     if not prefixes:
         raise CheckpointError(f"{job.source}: quantization_config says {src.kind}, but no tensor ends in .{marker}")
@@ -109,7 +128,7 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
         if result is not None:
             results[prefix] = result
         else:
-            dense[f"{prefix}.weight"] = weight.to(tensors.get("scales", tensors.get("weight_scale")).dtype)
+            dense[f"{prefix}.weight"] = weight.to(tensors[scales].dtype)
     on_progress(Progress("layers", len(prefixes), len(prefixes), "done"))
     if not results:
         raise CheckpointError(f"{job.source}: no layer has a shape the Marlin format accepts")
@@ -121,7 +140,7 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
                 results[name] = QuantResult(r.codes, r.scales, torch.arange(r.codes.shape[0]))
     packed: dict[str, torch.Tensor] = {}
     for name, r in results.items():
-        packed.update(pack_layer(job.format, name, r))
+        packed.update(pack_layer(job.format, name, r, job.sparse24))
     source_names = {f"{p}.{s}" for p in prefixes for s in suffixes}
     tensors = {n: store.tensor(n) for n in store.names() if n not in source_names}
     tensors.update(dense)
@@ -134,7 +153,7 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
         "source_format": asdict(src),
         "format": job.format.value,
         "quantization": cfg.to_dict(),
-        "requantized": job.requantize,
+        "requantized": job.requantize or job.sparse24,
         "layers": [asdict(r) for r in plan.values()],
     }
     on_progress(Progress("write", 0, 1, str(job.output)))
@@ -148,22 +167,23 @@ def _convert(
 ) -> tuple[LayerReport, QuantResult | None, torch.Tensor]:
     """One layer: its report, our QuantResult (None when its shape stays dense) and its dequantized (N, K) weight."""
     started = time.perf_counter()
-    if src.kind == GPTQ:
-        weight = gptq.dequantize(tensors, prefix, src.bits, src.checkpoint_format)
-    else:
-        weight = compressed_tensors.dequantize(tensors, prefix, src.bits)
+    weight = _dequantize(src, prefix, tensors)
     n, k = weight.shape
     report = LayerReport(prefix, k, n, "quantized")
-    groups = (tensors["scales"].shape[0] if src.kind == GPTQ else tensors["weight_scale"].shape[1]) or 1
-    g = job.group_size if job.requantize else _group_size(src, prefix, k, groups)
-    problem = marlin.shape_problem(k, n, g)
-    if problem is not None and (job.requantize or "group size" not in problem):
+    requantize = job.requantize or job.sparse24
+    if requantize:
+        g = job.group_size
+    else:
+        groups = tensors["scales"].shape[0] if src.kind == GPTQ else tensors["weight_scale"].shape[1]
+        g = _group_size(src, prefix, k, groups or 1)
+    problem = (marlin24 if job.sparse24 else marlin).shape_problem(k, n, g)
+    if problem is not None and (requantize or "group size" not in problem):
         report.status, report.reason = "kept", f"{problem}: stored dequantized"
         return report, None, weight
     if problem is not None:
         raise CheckpointError(f"{prefix}: {problem}; re-quantize with --requantize (and --group-size)")
-    if job.requantize:
-        result = rtn(weight, g)
+    if requantize:
+        result = magnitude_rtn(weight, g, job.clip) if job.sparse24 else rtn(weight, g)
         report.method = "rtn"
         report.error = report.rtn_error = float((weight - result.weight()).square().sum() / weight.square().sum())
     else:
@@ -182,6 +202,16 @@ def _convert(
     return report, result, weight
 
 
+def _dequantize(src: Source, prefix: str, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The layer's dequantized (N, K) float32 weight in the original input order."""
+    if src.kind == GPTQ:
+        return gptq.dequantize(tensors, prefix, src.bits, src.checkpoint_format)
+    if src.kind == COMPRESSED:
+        return compressed_tensors.dequantize(tensors, prefix, src.bits)
+    perm = tensors["perm"].long() if "perm" in tensors else None
+    return QuantResult(marlin.unpack_weight(tensors["B"]), marlin.unpack_scales(tensors["s"]).float(), perm).weight()
+
+
 def _group_size(src: Source, prefix: str, k: int, groups: int) -> int:
     """The layer's group size: the config's when it agrees with the scales, else what the scales imply."""
     if src.group_size is not None:
@@ -195,7 +225,7 @@ def _group_size(src: Source, prefix: str, k: int, groups: int) -> int:
 
 def _settings(job: RepackJob, src: Source, results: dict[str, QuantResult]) -> QuantConfig:
     """The one group size and act-order the converted layers share (a checkpoint's config holds one of each)."""
-    if job.requantize:
+    if job.requantize or job.sparse24:
         sizes = {job.group_size}
     elif src.group_size is not None:
         sizes = {src.group_size}
@@ -207,7 +237,8 @@ def _settings(job: RepackJob, src: Source, results: dict[str, QuantResult]) -> Q
     return QuantConfig(
         group_size=sizes.pop(),
         act_order=ActOrder.GROUP if permuted else ActOrder.NONE,
-        method=Method.RTN if job.requantize else Method.GPTQ,
+        method=Method.RTN if job.requantize or job.sparse24 else Method.GPTQ,
+        sparse24=job.sparse24,
     )
 
 
@@ -235,7 +266,7 @@ def _write(
             "quantized": len(quantized),
             "kept": len(plan) - len(quantized),
             "error_sum": err,  # added by --requantize (0 for an exact conversion)
-            "rtn_error_sum": err if job.requantize else None,
+            "rtn_error_sum": err if report["requantized"] else None,
             "error_vs_rtn": None,
             "bytes": sum(sizes.values()),
             "seconds": round(time.perf_counter() - started, 2),

@@ -1,19 +1,23 @@
-"""Per-layer verification of a Marlin checkpoint: tensors against the config, then the kernel against the reference."""
+"""Per-layer verification of a Marlin checkpoint (dense or 2:4): tensors against the config, then the kernel against
+the reference."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from marlin_cli.calib.data import embedded_texts, token_samples
+from marlin_cli.errors import MarlinError
+from marlin_cli.formats import marlin24
 from marlin_cli.io.checkpoint import REPORT, Checkpoint, sha256
 from marlin_cli.kernel import ops, reference
 from marlin_cli.model.load import open_model, open_tokenizer
-from marlin_cli.nn import load_quantized, quantization_config
+from marlin_cli.nn import is_sparse24, load_quantized, quantization_config
 
 # mean|C - C_ref| / mean|C_ref| allowed between the kernel and the float32 reference: fp16 rounding of the output
 # (2^-11 relative at most) plus a different fp32 accumulation order stay well below this.
@@ -41,15 +45,17 @@ def verify_checkpoint(path: Path, device: str | None = None, seed: int = 0) -> l
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator().manual_seed(seed)
     checks = []
+    sparse = is_sparse24(path, qc)
+    op, ref = (ops.gemm24, reference.gemm24) if sparse else (ops.gemm, reference.gemm)
     for name, (k, n) in sorted(qc["quantized_modules"].items()):
         started = time.perf_counter()
         groups = 1 if qc["group_size"] == -1 else k // qc["group_size"]
         check = LayerCheck(name, k, n, groups, ops.kernel_name(dev), None, False)
-        check.problem = _tensor_problem(store, name, k, n, groups, bool(qc.get("desc_act")))
+        expected = _expected_tensors(name, k, n, groups, bool(qc.get("desc_act")), sparse)
+        check.problem = _tensor_problem(store, name, expected)
         if check.problem is None:
-            b, s = store.tensor(f"{name}.B").to(dev), store.tensor(f"{name}.s").to(dev)
-            perm = store.tensor(f"{name}.perm").to(dev) if qc.get("desc_act") else None
-            check.error = max(_product_error(b, s, perm, m, gen) for m in BATCH_SIZES)
+            operands = [store.tensor(t).to(dev) for t in expected]  # the op's operands after a, in order
+            check.error = max(_product_error(op, ref, operands, k, m, gen) for m in BATCH_SIZES)
             check.passed = check.error <= TOLERANCE
             if not check.passed:
                 check.problem = f"kernel differs from the reference by {check.error:.2e} (> {TOLERANCE:.0e})"
@@ -71,11 +77,21 @@ def checksum_problems(path: Path) -> list[str]:
     ]
 
 
-def _tensor_problem(store: Checkpoint, name: str, k: int, n: int, groups: int, act_order: bool) -> str | None:
-    """Why the layer's stored tensors disagree with the config, or None."""
+def _expected_tensors(
+    name: str, k: int, n: int, groups: int, act_order: bool, sparse: bool
+) -> dict[str, tuple[str, list[int]]]:
+    """Tensor -> (safetensors dtype, shape) the config implies for one layer, in the order the op takes them."""
+    if sparse:
+        packed = [k // 32, 2 * n]
+        return {f"{name}.B_24": ("I32", packed), f"{name}.B_meta": ("I16", packed), f"{name}.s": ("F16", [groups, n])}
     expected = {f"{name}.B": ("I32", [k // 16, 2 * n]), f"{name}.s": ("F16", [groups, n])}
     if act_order:
         expected[f"{name}.perm"] = ("I32", [k])
+    return expected
+
+
+def _tensor_problem(store: Checkpoint, name: str, expected: dict[str, tuple[str, list[int]]]) -> str | None:
+    """Why the layer's stored tensors disagree with the config (or the 2:4 rule), or None."""
     for tensor, (dtype, shape) in expected.items():
         if tensor not in store.file_of:
             return f"tensor {tensor} is missing"
@@ -85,17 +101,31 @@ def _tensor_problem(store: Checkpoint, name: str, k: int, n: int, groups: int, a
     s = store.tensor(f"{name}.s")
     if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
         return f"tensor {name}.s has scales that are not finite and positive"
-    if act_order and not torch.equal(store.tensor(f"{name}.perm").sort().values, torch.arange(k, dtype=torch.int32)):
-        return f"tensor {name}.perm is not a permutation of 0..{k - 1}"
+    if f"{name}.perm" in expected:
+        k = expected[f"{name}.perm"][1][0]
+        if not torch.equal(store.tensor(f"{name}.perm").sort().values, torch.arange(k, dtype=torch.int32)):
+            return f"tensor {name}.perm is not a permutation of 0..{k - 1}"
+    if f"{name}.B_meta" in expected:  # the 2:4 rule: every metadata nibble names two kept positions idx0 < idx1
+        try:
+            marlin24.unpack(*(store.tensor(t) for t in expected))
+        except MarlinError as e:
+            return f"tensor {name}.B_meta breaks the 2:4 rule: {e}"
     return None
 
 
-def _product_error(b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor | None, m: int, gen: torch.Generator) -> float:
-    k = b.shape[0] * 16
-    a = (torch.rand(m, k, generator=gen) * 2 - 1).to(torch.float16).to(b.device)
-    want = reference.gemm(a.float(), b, s, perm)
+def _product_error(
+    op: Callable[..., torch.Tensor],
+    ref: Callable[..., torch.Tensor],
+    operands: list[torch.Tensor],
+    k: int,
+    m: int,
+    gen: torch.Generator,
+) -> float:
+    """Worst-case check of one batch size: op (kernel, or reference on the CPU) against the float32 reference."""
+    a = (torch.rand(m, k, generator=gen) * 2 - 1).to(torch.float16).to(operands[0].device)
+    want = ref(a.float(), *operands)
     got = torch.full_like(want, float("nan"), dtype=torch.float16)  # poisoned: an unwritten output cannot pass
-    got.copy_(ops.gemm(a, b, s, perm))
+    got.copy_(op(a, *operands))
     err = (got.float() - want).abs().mean() / want.abs().mean()
     return float(err) if bool(torch.isfinite(got).all()) else float("inf")
 

@@ -19,15 +19,20 @@ def quant(w: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return code, (code - 8) * s
 
 
-def reference_gptq(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, act_order: str, damp: float = 0.01):
-    """Returns codes (N, K) and per-column scales (N, K), both in the original column order."""
+def prepare(weight: torch.Tensor, hessian: torch.Tensor, group_size: int):
+    """Float64 copies with dead input channels (H_ii = 0) handled: H_ii = 1 and the weight column 0; and g."""
     w = weight.double().clone()
     h = hessian.double().clone()
-    n, k = w.shape
-    g = k if group_size == -1 else group_size
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
     w[:, dead] = 0
+    return w, h, w.shape[1] if group_size == -1 else group_size
+
+
+def reference_gptq(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, act_order: str, damp: float = 0.01):
+    """Returns codes (N, K) and per-column scales (N, K), both in the original column order."""
+    w, h, g = prepare(weight, hessian, group_size)
+    n, k = w.shape
     order = torch.argsort(torch.diag(h), descending=True) if act_order != "none" else torch.arange(k)
     static = act_order == "static" or g == k
     upfront = torch.zeros(n, k, dtype=torch.float64)
@@ -49,3 +54,36 @@ def reference_gptq(weight: torch.Tensor, hessian: torch.Tensor, group_size: int,
         w[:, j:] -= err.unsqueeze(1) * u[j, j:].unsqueeze(0)
     inverse = torch.argsort(order)
     return codes[:, inverse], scales[:, inverse]
+
+
+def reference_sparsegpt(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, damp: float = 0.01):
+    """SparseGPT 2:4 with 4-bit quantization (Frantar & Alistarh 2023, Algorithm 1 with the 2:4 mask rule and
+    quantized kept weights), natural column order, column by column. Scales as in `reference_gptq` ("none").
+
+    Returns codes (N, K) (pruned: 8), per-column scales (N, K) and the pruned mask (N, K), all float64/bool.
+    """
+    w, h, g = prepare(weight, hessian, group_size)
+    n, k = w.shape
+    upfront = fp16_scale(w.abs().amax(1)) if g == k else None
+    h = h + damp * torch.diag(h).mean() * torch.eye(k, dtype=torch.float64)
+    u = torch.linalg.cholesky(torch.linalg.inv(h), upper=True)
+    d = torch.diag(u)
+    codes = torch.zeros(n, k, dtype=torch.float64)
+    scales = torch.zeros(n, k, dtype=torch.float64)
+    pruned = torch.zeros(n, k, dtype=torch.bool)
+    for j in range(k):
+        if j % 4 == 0:  # per row, prune the 2 of the next 4 weights whose removal costs least: w^2 / d^2
+            saliency = w[:, j : j + 4] ** 2 / d[j : j + 4] ** 2
+            for r in range(n):
+                for c in sorted(range(4), key=lambda c: saliency[r, c].item())[:2]:
+                    pruned[r, j + c] = True
+        if upfront is not None:
+            s = upfront
+        elif j % g == 0:
+            s = fp16_scale(w[:, j : j + g].abs().amax(1))
+        codes[:, j], q = quant(w[:, j], s)
+        codes[pruned[:, j], j], q[pruned[:, j]] = 8, 0
+        scales[:, j] = s
+        err = (w[:, j] - q) / u[j, j]
+        w[:, j:] -= err.unsqueeze(1) * u[j, j:].unsqueeze(0)
+    return codes, scales, pruned

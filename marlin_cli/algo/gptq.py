@@ -2,10 +2,13 @@
 
 Columns are quantized one at a time in the order chosen by act-order; each column's rounding error, divided by the
 diagonal of the upper Cholesky factor U of H^-1, is propagated to the remaining columns of its block at once and to
-the rest of the matrix lazily at block end (the paper's section 3, "lazy batch updates").
+the rest of the matrix lazily at block end (the paper's section 3, "lazy batch updates"). The same loop prunes to 2:4
+when given a `Prune` rule (algo/sparsegpt.py): pruned weights become 0 and their error is propagated the same way.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -16,6 +19,10 @@ from marlin_cli.config import ActOrder, QuantConfig
 from marlin_cli.errors import NumericalError
 
 DAMP_RETRIES = 3  # each retry multiplies the damping by 10
+PRUNE_M = 4  # 2:4 sparsity: 2 of every 4 consecutive input columns are kept in each row
+
+# (first column j, the current weights (N, 4) of columns j..j+3, U's diagonal (4,) there) -> pruned mask bool (N, 4)
+Prune = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def inverse_cholesky(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
@@ -35,10 +42,11 @@ def inverse_cholesky(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, 
     )
 
 
-def gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> QuantResult:
-    """Quantize (N, K) weights against the (K, K) Hessian of their inputs.
+def gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig, prune: Prune | None = None) -> QuantResult:
+    """Quantize (N, K) weights against the (K, K) Hessian of their inputs; with `prune`, also prune them to 2:4.
 
-    Computes in float64 when `weight` is float64 (for exact comparisons), else in float32.
+    `prune` is asked at every column that is a multiple of 4 which of the next 4 weights of each row to drop
+    (natural column order only). Computes in float64 when `weight` is float64 (for exact comparisons), else float32.
     """
     dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
     w = weight.to(dtype).clone()
@@ -47,6 +55,8 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> Quant
     g = k if cfg.group_size == -1 else cfg.group_size
     if cfg.block_size % g and g != k:
         raise ValueError(f"block size {cfg.block_size} must be a multiple of the group size {g}")
+    if prune is not None and (k % PRUNE_M or cfg.block_size % PRUNE_M or cfg.act_order is not ActOrder.NONE):
+        raise ValueError(f"2:4 pruning needs K={k} and the block size in multiples of 4 and the natural column order")
 
     dead = torch.diag(h) == 0  # inputs that were always zero: their weights never matter
     h[dead, dead] = 1
@@ -67,6 +77,7 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> Quant
         i2 = min(i1 + cfg.block_size, k)
         block, u = w[:, i1:i2], upper[i1:i2, i1:i2]  # block is a view: updates land in w
         errors, steps = torch.empty_like(block), torch.empty_like(block)
+        pruned = torch.empty(0)
         for i in range(i2 - i1):
             j = i1 + i
             if col_scale is not None:
@@ -76,6 +87,10 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> Quant
                 found.append(s)
             # few, whole-column operations per step: on a GPU this loop is bound by kernel launches
             q = grid.round_signed(block[:, i], s)
+            if prune is not None:
+                if i % PRUNE_M == 0:  # chosen on the weights as updated so far, as SparseGPT does
+                    pruned = prune(j, block[:, i : i + PRUNE_M], torch.diag(u)[i : i + PRUNE_M])
+                q = q.masked_fill(pruned[:, i % PRUNE_M], 0)
             err = (block[:, i] - q * s) / u[i, i]
             block[:, i:].addr_(err, u[i, i:], alpha=-1)
             steps[:, i], errors[:, i] = q, err

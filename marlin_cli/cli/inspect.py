@@ -51,7 +51,7 @@ def _strings(value: Any) -> list[str]:
 
 
 def _settings(qc: dict[str, Any], store: Checkpoint) -> dict[str, Any]:
-    """format, bits, group_size, act_order, method of a Marlin, GPTQ or compressed-tensors config."""
+    """format, bits, group_size, act_order, method (and sparsity) of a Marlin, GPTQ or compressed-tensors config."""
     method = qc.get("quant_method")
     if method == "gptq" or (method is None and "bits" in qc and "desc_act" in qc):
         return {
@@ -75,6 +75,7 @@ def _settings(qc: dict[str, Any], store: Checkpoint) -> dict[str, Any]:
         }
     return {
         "format": qc.get("format", method or "dense"),
+        "sparsity": qc.get("sparsity"),  # "2:4" for the 2:4 Marlin layout
         "bits": qc.get("bits"),
         "group_size": qc.get("group_size"),
         "act_order": qc.get("act_order"),
@@ -113,6 +114,8 @@ def inspect_command(
     table = Table(title=str(ckpt), show_header=False)
     for key in ("architecture", "format", "bits", "group_size", "act_order", "method", "tensors", "files"):
         table.add_row(key, str(info[key]))
+    if info.get("sparsity"):
+        table.add_row("sparsity", f"{info['sparsity']} (2 of every 4 weights along K stored)")
     table.add_row("quantized layers", str(len(info["quantized_layers"])))
     table.add_row("kept layers", str(len(info["ignored_layers"])))
     table.add_row("size", f"{info['bytes'] / 1e6:.1f} MB")

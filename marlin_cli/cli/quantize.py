@@ -38,7 +38,8 @@ EXAMPLES = (
     "Examples:  marlin quantize minilm out/minilm-w4  (bundled MiniLM, embedded calibration text)  |  "
     "marlin quantize ./llama out/llama-w4 --clip --act-order group  |  "
     "marlin quantize ./my-model out/w4 --calib data.jsonl --nsamples 256  |  "
-    "marlin quantize ./llama out/llama-gptq --format gptq  (for vLLM)"
+    "marlin quantize ./llama out/llama-gptq --format gptq  (for vLLM)  |  "
+    "marlin quantize ./llama out/llama-24 --sparse24  (2:4 sparse + 4-bit, SparseGPT)"
 )
 
 
@@ -46,7 +47,8 @@ def quantize_command(
     model: Annotated[str, typer.Argument(help="Local model directory, hub id, or 'minilm' (the bundled MiniLM).")],
     output: OutputArg,
     preset: Annotated[
-        str | None, typer.Option(help="Preset name (w4-g128, w4-g128-best, w4-channel) or YAML file; flags win.")
+        str | None,
+        typer.Option(help="Preset name (w4-g128, w4-g128-best, w4-channel, w4-g128-sparse24) or YAML file; flags win."),
     ] = None,
     group_size: Annotated[
         int | None,
@@ -57,7 +59,8 @@ def quantize_command(
         typer.Option(
             "--act-order",
             help="static: solve in descending-Hessian order, scales on the original groups (no run-time cost); "
-            "group: groups follow that order and a K-permutation is stored; none: natural order. \\[default: static]",
+            "group: groups follow that order and a K-permutation is stored; none: natural order. "
+            "\\[default: static; none with --sparse24, which takes no other]",
         ),
     ] = None,
     clip: Annotated[
@@ -71,8 +74,21 @@ def quantize_command(
         ),
     ] = None,
     method: Annotated[
-        str | None, typer.Option(help="gptq (calibrated) or rtn (round to nearest, no calibration). \\[default: gptq]")
+        str | None,
+        typer.Option(
+            help="gptq (calibrated; SparseGPT with --sparse24), rtn (round to nearest, no calibration; with "
+            "--sparse24 after magnitude 2:4 pruning) or magnitude (--sparse24 only: magnitude 2:4, then GPTQ; the "
+            "baseline). \\[default: gptq]"
+        ),
     ] = None,
+    sparse24: Annotated[
+        bool,
+        typer.Option(
+            "--sparse24",
+            help="Prune to 2:4 sparsity (2 of every 4 consecutive input weights kept) while quantizing, and write the "
+            "2:4 Marlin layout; layers it cannot take stay unquantized.",
+        ),
+    ] = False,
     calib: Annotated[
         str,
         typer.Option(
@@ -103,6 +119,7 @@ def quantize_command(
 ) -> None:
     """Quantize MODEL to 4-bit Marlin-format safetensors in OUTPUT, with GPTQ calibrated block by block."""
     given = {"group_size": group_size, "act_order": act_order, "clip": clip, "damp": damp, "method": method}
+    given["sparse24"] = sparse24 or None  # the flag only turns it on; a preset may too
     settings: dict[str, Any] = read_preset(preset) if preset else {}
     settings.update({k: v for k, v in given.items() if v is not None})
     job = Job(
@@ -151,20 +168,27 @@ def run_job(job: Any, json_out: bool, runner: Callable[..., dict[str, Any]] | No
     if json_out:
         print_json(report)
         return
+    q = report["quantization"]
+    sparse = " 2:4 sparse" if q.get("sparse24") else ""
     table = Table(
-        title=f"{job.output}: {report['quantization']['method']} 4-bit, group {report['quantization']['group_size']}, "
-        f"{report.get('format', 'marlin')} format"
+        title=f"{job.output}: {q['method']}{sparse} 4-bit, group {q['group_size']}, {report.get('format', 'marlin')} "
+        "format"
     )
-    for col in ("layer", "shape (K x N)", "method", "error", "RTN error", "note"):
+    # with --sparse24 the RTN baseline is magnitude 2:4 + RTN, and calibrated runs also report magnitude 2:4 + GPTQ
+    magnitude = any(layer.get("magnitude_error") is not None for layer in report["layers"])
+    columns = ("error", "magnitude error", "RTN error") if magnitude else ("error", "RTN error")
+    for col in ("layer", "shape (K x N)", "method", *columns, "note"):
         table.add_column(col, overflow="fold")
+    keys = ("error", "magnitude_error", "rtn_error") if magnitude else ("error", "rtn_error")
     for layer in report["layers"]:
-        err = f"{layer['error']:.4g}" if layer["error"] is not None else "-"
-        rtn = f"{layer['rtn_error']:.4g}" if layer["rtn_error"] is not None else "-"
+        errors = [f"{layer[k]:.4g}" if layer.get(k) is not None else "-" for k in keys]
         shape = f"{layer['in_features']} x {layer['out_features']}"
-        table.add_row(layer["name"], shape, layer["method"] or "kept", err, rtn, layer["reason"] or "")
+        table.add_row(layer["name"], shape, layer["method"] or "kept", *errors, layer["reason"] or "")
     err_console.print(table)
     s = report["summary"]
     ratio = f"{s['error_vs_rtn']:.3f}x RTN" if s["error_vs_rtn"] is not None else "n/a"
+    if s.get("error_vs_magnitude") is not None:
+        ratio += f", {s['error_vs_magnitude']:.3f}x magnitude 2:4"
     if "source_format" in report:  # a conversion: exact, or re-quantized with an added error
         ratio = f"{s['error_sum']:.4g} added by --requantize" if report["requantized"] else "0 (codes copied exactly)"
     err_console.print(

@@ -1,0 +1,50 @@
+"""2:4 pruning with 4-bit quantization: SparseGPT (Frantar & Alistarh 2023) and the magnitude baseline.
+
+Both run the GPTQ loop (algo/gptq.py) in the natural column order with a pruning rule: pruned weights become 0, kept
+ones their 4-bit codes (code 8 is 0), and both errors are propagated alike. SparseGPT chooses, at every 4th column,
+the 2 of the next 4 weights of each row with the smallest OBS saliency w^2 / d^2 (d: the diagonal of the upper
+Cholesky factor of H^-1) from the weights as updated so far; the magnitude baseline fixes the mask up front (the 2
+largest |w| of every 4 kept), zeroes the rest, and GPTQ-quantizes what is kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from marlin_cli.algo.gptq import PRUNE_M, gptq
+from marlin_cli.algo.result import QuantResult
+from marlin_cli.algo.rtn import rtn
+from marlin_cli.config import QuantConfig
+
+KEEP = 2  # of every PRUNE_M
+
+
+def saliency_prune(j: int, w: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """The 2 of 4 weights of each row (N, 4) with the smallest w^2 / d^2: their removal costs the least output error."""
+    cost = w.square() / d.square()
+    pruned = torch.zeros_like(w, dtype=torch.bool)
+    return pruned.scatter_(1, torch.topk(cost, PRUNE_M - KEEP, dim=1, largest=False).indices, True)
+
+
+def magnitude_mask(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) weights -> bool (N, K), True where kept: the 2 largest |w| of every 4 consecutive columns of a row."""
+    n, k = weight.shape
+    groups = weight.abs().reshape(n, k // PRUNE_M, PRUNE_M)
+    keep = torch.zeros_like(groups, dtype=torch.bool)
+    return keep.scatter_(2, torch.topk(groups, KEEP, dim=2).indices, True).reshape(n, k)
+
+
+def sparsegpt(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> QuantResult:
+    """Prune (N, K) weights to 2:4 and quantize the rest in one pass against the (K, K) Hessian."""
+    return gptq(weight, hessian, cfg, saliency_prune)
+
+
+def magnitude_gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> QuantResult:
+    """The baseline: keep the 2 largest |w| of every 4, then GPTQ the kept weights with the mask fixed."""
+    keep = magnitude_mask(weight)
+    return gptq(weight * keep, hessian, cfg, lambda j, w, d: ~keep[:, j : j + PRUNE_M])
+
+
+def magnitude_rtn(weight: torch.Tensor, group_size: int, clip: bool = False) -> QuantResult:
+    """No calibration: keep the 2 largest |w| of every 4 and round the kept ones to nearest (pruned: code 8)."""
+    return rtn(weight * magnitude_mask(weight), group_size, clip)
