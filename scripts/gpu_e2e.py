@@ -1,5 +1,6 @@
 """End to end on a GPU: build a Llama-architecture model with random fp16 weights (2048 wide, 4 blocks), quantize it
-with the CLI (blocks on the GPU), verify every layer through the CUDA kernel and run --model-check.
+with the CLI (blocks on the GPU) as dense and as 2:4, verify every layer through the CUDA kernels and run
+--model-check.
 
 Run on a GPU machine: python3 scripts/gpu_e2e.py TOKENIZER_DIR WORK_DIR [BLOCKS]
 """
@@ -37,7 +38,8 @@ def main(tokenizer_dir: Path, work: Path, blocks: int) -> None:
     torch.manual_seed(0)
     LlamaForCausalLM(config).half().save_pretrained(work / "model")
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(work / "model")
-    for name, flags in {"default": [], "group-clip": ["--act-order", "group", "--clip"]}.items():
+    recipes = {"default": [], "group-clip": ["--act-order", "group", "--clip"], "sparse24": ["--sparse24"]}
+    for name, flags in recipes.items():
         out = work / name
         seconds, report = marlin("quantize", str(work / "model"), str(out), *flags)
         s = report["summary"]
