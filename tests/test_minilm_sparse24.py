@@ -3,7 +3,8 @@
 corpus and group size 128, measured on held-out text (tests/minilm_eval.py says how).
 
 Every one of MiniLM's 36 encoder layers (384 and 1536 wide, multiples of 128) fits the 2:4 layout. Issue 4 asks for a
-summed held-out error of calibrated 2:4 at most 0.7x the magnitude baseline's.
+summed held-out error of calibrated 2:4 at most 0.7x the magnitude baseline's; this implementation reaches 0.363x
+(cosine 0.845 against 0.545), and the thresholds below keep a small margin over that so a regression fails.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from minilm_eval import Reference
 
 pytestmark = pytest.mark.slow
 
-MAX_RATIO = 0.7  # summed held-out error, calibrated / magnitude
+MAX_RATIO = 0.40  # summed held-out error, calibrated / magnitude (issue 4: 0.70)
+MIN_COSINE = 0.83  # mean embedding cosine of the calibrated 2:4 model to the original
 
 
 def quantize(run_cli, out: Path, *flags: str) -> float:  # noqa: ANN001
@@ -44,4 +46,4 @@ def test_minilm_sparsegpt_beats_magnitude(run_cli, tmp_path: Path) -> None:  # n
     )
     assert not worse, f"SparseGPT is not below the magnitude baseline on {worse}"
     assert ratio <= MAX_RATIO
-    assert calibrated["cosine"] > magnitude["cosine"]
+    assert calibrated["cosine"] >= MIN_COSINE > magnitude["cosine"]

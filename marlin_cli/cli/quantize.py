@@ -117,7 +117,8 @@ def quantize_command(
     ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Quantize MODEL to 4-bit Marlin-format safetensors in OUTPUT, with GPTQ calibrated block by block."""
+    """Quantize MODEL to 4-bit Marlin-format safetensors in OUTPUT, with GPTQ calibrated block by block
+    (with --sparse24 also pruned to 2:4 by SparseGPT)."""
     given = {"group_size": group_size, "act_order": act_order, "clip": clip, "damp": damp, "method": method}
     given["sparse24"] = sparse24 or None  # the flag only turns it on; a preset may too
     settings: dict[str, Any] = read_preset(preset) if preset else {}
@@ -190,7 +191,7 @@ def run_job(job: Any, json_out: bool, runner: Callable[..., dict[str, Any]] | No
     if s.get("error_vs_magnitude") is not None:
         ratio += f", {s['error_vs_magnitude']:.3f}x magnitude 2:4"
     if "source_format" in report:  # a conversion: exact, or re-quantized with an added error
-        ratio = f"{s['error_sum']:.4g} added by --requantize" if report["requantized"] else "0 (codes copied exactly)"
+        ratio = f"{s['error_sum']:.4g} added by re-quantizing" if report["requantized"] else "0 (codes copied exactly)"
     err_console.print(
         f"{s['quantized']} layers quantized, {s['kept']} kept; summed error {ratio}; "
         f"{s['bytes'] / 1e6:.1f} MB written to {job.output} in {s['seconds']:.1f} s"
