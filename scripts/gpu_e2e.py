@@ -19,7 +19,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 def marlin(*args: str) -> tuple[float, dict]:
     start = time.perf_counter()
-    done = subprocess.run(["marlin", *args, "--json"], capture_output=True, text=True)
+    cli = [sys.executable, "-c", "from marlin_cli.cli.app import main; main()"]  # this interpreter, with its torch
+    done = subprocess.run([*cli, *args, "--json"], capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"marlin {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
     return time.perf_counter() - start, json.loads(done.stdout)
