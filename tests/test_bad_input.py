@@ -90,10 +90,43 @@ def test_no_layer_the_format_accepts(run_cli, tmp_path: Path) -> None:  # noqa: 
     )
 
 
-def test_pickle_only_model_is_refused(llama_copy: Path, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
-    (llama_copy / "model.safetensors").rename(llama_copy / "pytorch_model.bin")
+class _Payload:
+    """Unpickling this touches a marker file: the proof that nothing was unpickled is that the file never appears."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.marker,))
+
+
+def test_pickle_only_model_is_refused(llama_copy: Path, run_cli, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    import pickle
+
+    import torch
+
+    marker = tmp_path / "unpickled"
+    (llama_copy / "model.safetensors").unlink()
+    (llama_copy / "pytorch_model.bin").write_bytes(pickle.dumps(_Payload(marker)))
+    (llama_copy / "training_args.pt").write_bytes(pickle.dumps(_Payload(marker)))
+
+    def never(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the loader unpickled a file")
+
+    monkeypatch.setattr(torch, "load", never)
+    monkeypatch.setattr(pickle, "load", never)
+    monkeypatch.setattr(pickle, "loads", never)
     out = tmp_path / "out"
     assert_refused(run_cli, ["quantize", llama_copy, out], out, "pytorch_model.bin", "pickle")
+    assert not marker.exists()
+
+
+def test_bits_other_than_four_are_refused(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    preset = tmp_path / "w3.yaml"
+    preset.write_text("bits: 3\ngroup_size: 128\n")
+    out = tmp_path / "out"
+    args = ["quantize", tiny_models("llama"), out, "--preset", preset]
+    assert_refused(run_cli, args, out, "--bits 3 is not supported")
 
 
 def test_calibration_text_too_short(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
