@@ -155,3 +155,14 @@ def test_verify_rejects_tampered_checkpoint(tiny_models, run_cli, tmp_path: Path
     shard.write_bytes(shard.read_bytes()[:-100])
     code, _, stderr = run_cli("verify", out)
     assert code == 2 and shard.name in stderr and "truncated" in stderr
+
+
+@pytest.mark.parametrize("kind", ["unknown-architecture", "no-blocks"])
+def test_model_without_blocks_the_tool_can_find(kind: str, llama_copy: Path, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    if kind == "no-blocks":  # a real Llama config with zero decoder layers
+        model, phrases = make_tiny("llama", tmp_path / "empty", num_hidden_layers=0), ["no repeated block"]
+    else:  # real weights under a config transformers does not know
+        model, phrases = llama_copy, ["config.json", "model type `bogus`"]
+        (model / "config.json").write_text('{"model_type": "bogus", "architectures": ["BogusForCausalLM"]}')
+    out = tmp_path / "out"
+    assert_refused(run_cli, ["quantize", model, out], out, *phrases)
