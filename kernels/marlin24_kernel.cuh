@@ -38,6 +38,7 @@ using detail::cp_async_wait;
 using detail::dequant;
 using detail::hmul2;
 using detail::ldmatrix_x4;
+using detail::write_strip;
 
 // D (16 x 8, fp32) += A (16 x 32, 2:4 sparse fp16: 4 registers of kept values + one metadata word) x B (32 x 8 fp16).
 // SEL: which two threads of each group of four supply the metadata. The kept positions of every group are stored in
@@ -354,69 +355,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
       for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
       c_g[static_cast<int64_t>(r) * (p.n / 8) + n0 / 8] = *reinterpret_cast<int4*>(h);
     };
-    const bool whole = seg_begin == col * k_tiles && seg_end == (col + 1) * k_tiles;
-    if (whole) {
-      for (int e = tid; e < groups8; e += C::THREADS) {
-        if (e / (C::W / 8) >= m_rows) continue;
-        float v[8];
-        gather(e, v);
-        store(e, v);
-      }
-    } else {
-      // Blocks bid_lo..bid_hi share this column strip; slot 0 holds a block's first run, slot 1 its last.
-      const int bid_lo = (col * k_tiles) / iters;
-      const int bid_hi = ((col + 1) * k_tiles - 1) / iters;
-      auto slot = [&](int b) {
-        const int s = b * iters >= col * k_tiles ? 0 : 1;
-        return p.partials + (static_cast<int64_t>(chunk * p.blocks_per_chunk + b) * 2 + s) * (C::R * C::W);
-      };
-      float* mine = slot(bid);
-      for (int e = tid; e < groups8; e += C::THREADS) {
-        if (e / (C::W / 8) >= m_rows) continue;
-        float v[8];
-        gather(e, v);
-        float4* dst = reinterpret_cast<float4*>(mine + e * 8);
-        dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-        dst[1] = make_float4(v[4], v[5], v[6], v[7]);
-      }
-      __threadfence();  // release: the partial is visible device-wide before the counter moves
-      __syncthreads();
-      if (tid == 0) {
-        int* ctr = p.counters + chunk * n_cols + col;
-        const int done = atomicAdd(ctr, 1);
-        const int last = done == bid_hi - bid_lo;
-        if (last) atomicExch(ctr, 0);  // every participant has counted: leave the workspace zeroed
-        __threadfence();               // acquire: the partials read below are not older than the count
-        s_last = last;
-      }
-      __syncthreads();
-      if (s_last) {
-        for (int e = tid; e < groups8; e += C::THREADS) {
-          if (e / (C::W / 8) >= m_rows) continue;
-          // Loads of 4 parts are issued before their adds: one L2 round trip per 4 parts instead of per part (a
-          // strip of a small layer has ~16 parts, and this loop is on the critical path). Same order of adds; one
-          // half of the 8 columns at a time keeps the registers within the short chunks' budget.
-          float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            for (int b0 = bid_lo; b0 <= bid_hi; b0 += 4) {
-              float4 x[4];
-#pragma unroll
-              for (int u = 0; u < 4; ++u) {
-                if (b0 + u <= bid_hi) x[u] = __ldcg(reinterpret_cast<const float4*>(slot(b0 + u) + e * 8) + h);
-              }
-#pragma unroll
-              for (int u = 0; u < 4; ++u) {
-                if (b0 + u <= bid_hi) {
-                  v[4 * h] += x[u].x, v[4 * h + 1] += x[u].y, v[4 * h + 2] += x[u].z, v[4 * h + 3] += x[u].w;
-                }
-              }
-            }
-          }
-          store(e, v);
-        }
-      }
-    }
+    write_strip<C::THREADS, C::W / 8>(p.partials, C::R * C::W, chunk * p.blocks_per_chunk,
+                                      p.counters + chunk * n_cols + col, s_last, bid, iters, col * k_tiles,
+                                      (col + 1) * k_tiles, seg_begin, seg_end, groups8, m_rows, gather, store);
     zero_acc();  // `red` is next written after the main loop's barrier, so no barrier is needed here
   };
 

@@ -202,6 +202,72 @@ struct Params {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
+// Writing one column strip's result (the 2:4 kernel uses it too)
+// ---------------------------------------------------------------------------------------------------------------
+
+// Hands each of a tile's `entries` 8-column entries (entry e is in row e / PER_ROW; rows from m_rows on are skipped)
+// to store(e, v). A block whose run of tiles [seg_begin, seg_end) covers its whole column strip [strip_begin,
+// strip_end) stores what gather(e, v) reads. Otherwise every block holding part of the strip (blocks take runs of
+// `iters` tiles) writes its fp32 partial to its workspace slot, slot 0 for a block's first run and slot 1 for its
+// last, and bumps the strip's counter; the block that completes the count returns the counter to zero, adds the
+// partials in block order (so results do not depend on timing) and stores the sums. No block waits for another.
+template <int THREADS, int PER_ROW, class Gather, class Store>
+__device__ __forceinline__ void write_strip(float* partials, int64_t slot_elems, int first_block, int* counter,
+                                            int& s_last, int bid, int iters, int strip_begin, int strip_end,
+                                            int seg_begin, int seg_end, int entries, int m_rows, Gather&& gather,
+                                            Store&& store) {
+  const int tid = threadIdx.x;
+  if (seg_begin == strip_begin && seg_end == strip_end) {
+    for (int e = tid; e < entries; e += THREADS) {
+      if (e / PER_ROW >= m_rows) continue;
+      float v[8];
+      gather(e, v);
+      store(e, v);
+    }
+    return;
+  }
+  const int bid_lo = strip_begin / iters;
+  const int bid_hi = (strip_end - 1) / iters;
+  auto slot = [&](int b) {
+    const int s = b * iters >= strip_begin ? 0 : 1;
+    return partials + (static_cast<int64_t>(first_block + b) * 2 + s) * slot_elems;
+  };
+  float* mine = slot(bid);
+  for (int e = tid; e < entries; e += THREADS) {
+    if (e / PER_ROW >= m_rows) continue;
+    float v[8];
+    gather(e, v);
+    float4* dst = reinterpret_cast<float4*>(mine + e * 8);
+    dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+    dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+  __threadfence();  // release: the partial is visible device-wide before the counter moves
+  __syncthreads();
+  if (tid == 0) {
+    const int done = atomicAdd(counter, 1);
+    const int last = done == bid_hi - bid_lo;
+    if (last) atomicExch(counter, 0);  // every participant has counted: leave the workspace zeroed
+    __threadfence();                   // acquire: the partials read below are not older than the count
+    s_last = last;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  for (int e = tid; e < entries; e += THREADS) {
+    if (e / PER_ROW >= m_rows) continue;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    // unrolled so that several parts' loads are in flight at once: this runs at the very end of the launch
+#pragma unroll 4
+    for (int b = bid_lo; b <= bid_hi; ++b) {
+      const float4* src = reinterpret_cast<const float4*>(slot(b) + e * 8);
+      const float4 x = __ldcg(src), y = __ldcg(src + 1);
+      v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w;
+      v[4] += y.x, v[5] += y.y, v[6] += y.z, v[7] += y.w;
+    }
+    store(e, v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------------------
 
@@ -394,7 +460,6 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
       __syncthreads();
     }
     // 2. 8 consecutive columns per thread: 16-byte stores of C.
-    const bool whole = seg_begin == col * k_tiles && seg_end == (col + 1) * k_tiles;
     auto store = [&](int e, const float (&v)[8]) {
       const int r = e / (C::W / 8), c8 = e % (C::W / 8);
       const int n0 = col * C::W + c8 * 8;
@@ -417,58 +482,14 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
       for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
       c_g[static_cast<int64_t>(r) * (p.n / 8) + n0 / 8] = *reinterpret_cast<int4*>(h);
     };
-    if (whole) {
-      for (int e = tid; e < groups8; e += kThreads) {
-        if (e / (C::W / 8) >= m_rows) continue;
-        const float* src = red + (e / (C::W / 8)) * C::RED_STRIDE + (e % (C::W / 8)) * 8;
-        float v[8];
+    auto gather = [&](int e, float (&v)[8]) {
+      const float* src = red + (e / (C::W / 8)) * C::RED_STRIDE + (e % (C::W / 8)) * 8;
 #pragma unroll
-        for (int x = 0; x < 8; ++x) v[x] = src[x];
-        store(e, v);
-      }
-    } else {
-      // Blocks bid_lo..bid_hi share this column strip; slot 0 holds a block's first run, slot 1 its last.
-      const int bid_lo = (col * k_tiles) / iters;
-      const int bid_hi = ((col + 1) * k_tiles - 1) / iters;
-      auto slot = [&](int b) {
-        const int s = b * iters >= col * k_tiles ? 0 : 1;
-        return p.partials + (static_cast<int64_t>(chunk * p.blocks_per_chunk + b) * 2 + s) * kMaxTileElems;
-      };
-      float* mine = slot(bid);
-      for (int e = tid; e < groups8; e += kThreads) {
-        if (e / (C::W / 8) >= m_rows) continue;
-        const float* src = red + (e / (C::W / 8)) * C::RED_STRIDE + (e % (C::W / 8)) * 8;
-        float4* dst = reinterpret_cast<float4*>(mine + e * 8);
-        dst[0] = make_float4(src[0], src[1], src[2], src[3]);
-        dst[1] = make_float4(src[4], src[5], src[6], src[7]);
-      }
-      __threadfence();  // release: the partial is visible device-wide before the counter moves
-      __syncthreads();
-      if (tid == 0) {
-        int* ctr = p.counters + chunk * n_cols + col;
-        const int done = atomicAdd(ctr, 1);
-        const int last = done == bid_hi - bid_lo;
-        if (last) atomicExch(ctr, 0);  // every participant has counted: leave the workspace zeroed
-        __threadfence();               // acquire: the partials read below are not older than the count
-        s_last = last;
-      }
-      __syncthreads();
-      if (s_last) {
-        for (int e = tid; e < groups8; e += kThreads) {
-          if (e / (C::W / 8) >= m_rows) continue;
-          float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-          // unrolled so that several parts' loads are in flight at once: this runs at the very end of the launch
-#pragma unroll 4
-          for (int b = bid_lo; b <= bid_hi; ++b) {
-            const float4* src = reinterpret_cast<const float4*>(slot(b) + e * 8);
-            const float4 x = __ldcg(src), y = __ldcg(src + 1);
-            v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w;
-            v[4] += y.x, v[5] += y.y, v[6] += y.z, v[7] += y.w;
-          }
-          store(e, v);
-        }
-      }
-    }
+      for (int x = 0; x < 8; ++x) v[x] = src[x];
+    };
+    write_strip<kThreads, C::W / 8>(p.partials, kMaxTileElems, chunk * p.blocks_per_chunk,
+                                    p.counters + chunk * n_cols + col, s_last, bid, iters, col * k_tiles,
+                                    (col + 1) * k_tiles, seg_begin, seg_end, groups8, m_rows, gather, store);
     zero_acc();
   };
 
