@@ -107,15 +107,8 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   }
   if (g.device < 0 || g.device >= kMaxDevices || g.workspace_len < workspace_ints(g.sms)) return cudaErrorInvalidValue;
   const bool grouped = g.groups > 1;
-  int lg_group = 0;
-  if (grouped) {
-    if (g.k % g.groups) return cudaErrorInvalidValue;
-    const int group = g.k / g.groups;
-    if (group == 32) lg_group = 0;
-    else if (group == 64) lg_group = 1;
-    else if (group == 128) lg_group = 2;
-    else return cudaErrorInvalidValue;
-  }
+  const int lg_group = grouped ? detail::group_lg(g.k, g.groups, 32) : 0;
+  if (lg_group < 0) return cudaErrorInvalidValue;
 
   Choice choice;
   if (!choose(g.m, g.n, g.k, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;

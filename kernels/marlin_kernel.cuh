@@ -201,6 +201,17 @@ struct Params {
   int blocks_per_chunk;
 };
 
+// log2(group / unit), the number of k tiles of `unit` rows that share one scale row as a power of two, for the
+// group sizes the kernels take (32, 64, 128), or -1 for any other (host side; the 2:4 launcher uses it too).
+inline int group_lg(int k, int groups, int unit) {
+  if (groups < 1 || k % groups) return -1;
+  const int group = k / groups;
+  if (group != 32 && group != 64 && group != 128) return -1;
+  int lg = 0;
+  while ((unit << lg) < group) ++lg;
+  return lg;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Writing one column strip's result (the 2:4 kernel uses it too)
 // ---------------------------------------------------------------------------------------------------------------
