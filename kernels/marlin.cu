@@ -54,6 +54,25 @@ cudaError_t launch_choice(const Choice& c, bool grouped, const Params& p, int gr
   }
 }
 
+constexpr int kSm90Parts = 8;
+
+// Whether the wgmma kernel can run: built for sm_90a (MARLIN_SM90A) and the device is compute capability 9.0.
+bool has_wgmma(int device) {
+#ifdef MARLIN_SM90A
+  static int cache[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  if (cache[device] == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    cache[device] = major == 9 && minor == 0 && max_smem(device) >= Sm90Cfg::SMEM ? 1 : 2;
+  }
+  return cache[device] == 1;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
 // The tallest chunk (<= what m needs), widest strip (dividing n) and deepest ring that fit the shared memory.
 bool choose(int m, int n, int smem_cap, Choice* out) {
   const int want_mb = m <= 16 ? 1 : m <= 32 ? 2 : m <= 48 ? 3 : 4;
@@ -98,16 +117,18 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
     a = static_cast<const int4*>(g.a_perm);
   }
 
-  Choice choice;
-  if (!choose(g.m, g.n, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
-  const int mb = choice.mb, ns = choice.ns;
-  const int rows = 16 * mb;
+  // m > 32 on an sm_90a build and a Hopper GPU: the wgmma kernel (64-row chunks, 256-column strips); otherwise the
+  // sm_80 kernel with the tile choose() picks.
+  const bool sm90 = g.m > 32 && g.n % Sm90Cfg::W == 0 && has_wgmma(g.device);
+  Choice choice{};
+  if (!sm90 && !choose(g.m, g.n, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
+  const int rows = sm90 ? Sm90Cfg::R : 16 * choice.mb;
   const int chunks = (g.m + rows - 1) / rows;
   // Chunks side by side, each with its own share of the SMs; at most 16 at once keeps every chunk group at
   // 8 or more blocks and the counters within kCounterInts.
   const int max_par = g.sms >= 16 ? 16 : g.sms;
-  const int blocks_per_sm = mb <= 2 ? kMaxBlocksPerSm : 1;
-  const int n_cols = g.n / (64 * ns);
+  const int blocks_per_sm = sm90 || choice.mb <= 2 ? kMaxBlocksPerSm : 1;
+  const int n_cols = g.n / (sm90 ? Sm90Cfg::W : 64 * choice.ns);
 
   Params p;
   p.b = static_cast<const int4*>(g.b);
@@ -121,12 +142,21 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
     const int par = chunks - c0 < max_par ? chunks - c0 : max_par;
     if (static_cast<int64_t>(par) * n_cols > kCounterInts) return cudaErrorInvalidValue;
     p.blocks_per_chunk = g.sms * blocks_per_sm / par;
+    if (sm90) {
+      // At most kSm90Parts parts per column strip: a 64 x 256 fp32 partial is 64 KB, as much as 8 tiles of weights,
+      // and the last block adds them one after another (4096 x 4096 at m = 64: 33.5 -> 21.5 us; perf-log).
+      const int k_tiles = g.k / (16 * Sm90Cfg::KT);
+      const int min_iters = (k_tiles + kSm90Parts - 1) / kSm90Parts;
+      const int blocks = (n_cols * k_tiles + min_iters - 1) / min_iters;
+      if (blocks < p.blocks_per_chunk) p.blocks_per_chunk = blocks;
+    }
     const int64_t row0 = static_cast<int64_t>(c0) * rows;
     p.a = a + row0 * (g.k / 8);
     p.c = static_cast<int4*>(g.c) + row0 * (g.n / 8);
     p.m = static_cast<int>(g.m - row0);
     const int grid = par * p.blocks_per_chunk;
-    const cudaError_t err = launch_choice(choice, grouped, p, grid, g.device, stream);
+    const cudaError_t err = sm90 ? launch_sm90(grouped, p, grid, g.device, stream)
+                                 : launch_choice(choice, grouped, p, grid, g.device, stream);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

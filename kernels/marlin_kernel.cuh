@@ -165,6 +165,7 @@ struct Cfg {
   static constexpr int NS = NS_;          // 64-column strips per block tile
   static constexpr int KT = KT_;          // k16 tiles per pipeline stage
   static constexpr int STAGES = STAGES_;  // depth of the cp.async ring
+  static constexpr int THREADS = kThreads;
   static constexpr int NK = kWarps / NS;  // warps sharing one strip (they split each stage's k16 tiles)
   static constexpr int KQ = KT / NK;      // k16 tiles per warp per stage
   static constexpr int R = 16 * MB;       // rows of the A / C tile
@@ -183,8 +184,6 @@ struct Cfg {
   static constexpr int MIN_BLOCKS = MB <= 2 ? 2 : 1;
   static_assert(NK * NS == kWarps, "warps must tile the block");
   static_assert(KQ * NK == KT, "k warps must split a stage evenly");
-  static_assert(A_CHUNKS >= 8, "the A swizzle XORs three bits of the chunk index");
-  static_assert(B_STAGE % kThreads == 0, "every thread copies the same number of B chunks");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 
@@ -213,28 +212,123 @@ inline int group_lg(int k, int groups, int unit) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Loading one pipeline stage (both dense kernels)
+// ---------------------------------------------------------------------------------------------------------------
+
+// A stage holds, from its first byte: the A tile (R rows x A_CHUNKS 16-byte chunks), the packed weights (KT rows x
+// NS strips x 32 lanes of 16 bytes, in copy order, so a lane later reads its own 16 bytes) and the scale rows the
+// stage spans. Every thread's share of a stage is fixed: only the tile's (column strip, k-tile) base moves. The
+// per-thread parts are computed once; the bases of the next stage to load live in registers and advance by
+// additions, so a stage's copies cost no index arithmetic beyond one add per pointer. Shared-memory destinations
+// are byte offsets from the slot's address.
+template <class C, bool GROUPED>
+struct StageLoader {
+  static constexpr int B_PASS = C::THREADS / (C::NS * 32);
+  static constexpr int A_PER = (C::A_STAGE + C::THREADS - 1) / C::THREADS;
+  static_assert(C::B_STAGE % C::THREADS == 0, "every thread copies the same number of B chunks");
+  static_assert(C::A_CHUNKS >= 8, "the A swizzle XORs three bits of the chunk index");
+
+  const int4* b;
+  const int4* s;
+  const int4* a_g;
+  int k_tiles, b_row, s_row;
+  // B: thread tid copies rows tid / (NS * 32) + i * B_PASS, column tid % (NS * 32).
+  int64_t b_thr, b_pass, b_stage;
+  uint32_t b_dst;
+  // A: chunk j of row r lands at r * A_CHUNKS + (j ^ (r % 8)), so the 8 rows one ldmatrix phase reads fall in 8
+  // different 16-byte bank groups (and a 64-deep stage is exactly the 128-byte swizzle of a wgmma operand). Rows
+  // past m are zero-filled (no global read).
+  // Pass i copies row r0 + i * A_ROWS (chunk j stays, so does r % 8: the destinations are a_dst + i * THREADS * 16).
+  static constexpr int A_ROWS = C::THREADS / C::A_CHUNKS;
+  static_assert(C::THREADS % C::A_CHUNKS == 0 && A_ROWS % 8 == 0, "every pass keeps a thread's chunk and swizzle");
+  int a_src, a_pass, a_rows;  // source offset of pass 0, added per pass; rows left from r0 (pass i is real below)
+  uint32_t a_dst;
+  // Scales: the group rows a stage spans (one row when a group spans several stages), NS * 8 int4 each. The row of
+  // the next stage is ld_g8 / 8 (ld_g8 counts group rows times 8, exact for any group).
+  bool s_copy;
+  int s_thr, s_stage_rows;
+  uint32_t s_dst;
+  // Next tile to load: its column strip and k-tile, and the matching bases.
+  int ld_col, ld_kt, ld_a, ld_g8;
+  const int4* ld_b;
+  const int4* ld_s;
+
+  __device__ __forceinline__ StageLoader(const Params& p, const int4* a_chunk, int m_rows, int t_begin, int tiles)
+      : b(p.b), s(p.s), a_g(a_chunk), k_tiles(tiles), b_row(p.n / 2), s_row(p.n / 8) {
+    const int tid = threadIdx.x;
+    const int a_row = p.k / 8;  // int4 per A row
+    b_thr = static_cast<int64_t>(tid / (C::NS * 32)) * b_row + tid % (C::NS * 32);
+    b_pass = static_cast<int64_t>(B_PASS) * b_row;
+    b_stage = static_cast<int64_t>(C::KT) * b_row;
+    b_dst = (C::A_STAGE + tid) * 16;
+    {
+      const int r = tid / C::A_CHUNKS, j = tid % C::A_CHUNKS;
+      a_src = r * a_row + j;
+      a_pass = A_ROWS * a_row;
+      a_rows = m_rows - r;
+      a_dst = (r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
+    }
+    const int s_rows = max(1, C::KT >> p.lg_group);
+    s_copy = GROUPED && tid < s_rows * C::NS * 8;
+    s_thr = (tid / (C::NS * 8)) * s_row + tid % (C::NS * 8);
+    s_stage_rows = (C::KT << 3) >> p.lg_group;
+    s_dst = (C::A_STAGE + C::B_STAGE + tid) * 16;
+    ld_col = t_begin / k_tiles;
+    ld_kt = t_begin - ld_col * k_tiles;
+    ld_b = b + static_cast<int64_t>(ld_kt) * b_stage + ld_col * C::NS * 32 + b_thr;
+    ld_a = ld_kt * C::A_CHUNKS;
+    ld_s = s + ld_col * C::NS * 8 + s_thr;
+    ld_g8 = ld_kt * s_stage_rows;
+  }
+
+  // Issues the copies of the next tile into the stage at shared-memory address st, then moves to the tile after.
+  __device__ __forceinline__ void load(uint32_t st) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < C::B_STAGE / C::THREADS; ++i) {
+      cp_async16(st + b_dst + i * C::THREADS * 16, ld_b + i * b_pass);
+    }
+#pragma unroll
+    for (int i = 0; i < A_PER; ++i) {
+      if (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE) {
+        const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
+        cp_async16_zfill(st + a_dst + i * C::THREADS * 16, a_g + (ld_a + (real ? a_src + i * a_pass : 0)),
+                         real ? 16 : 0);
+      }
+    }
+    if (s_copy) cp_async16(st + s_dst, ld_s + (ld_g8 >> 3) * s_row);  // int: below the scale tensor's int4 count
+    if (++ld_kt == k_tiles) {
+      ld_kt = 0;
+      ++ld_col;
+      ld_b = b + ld_col * C::NS * 32 + b_thr;
+      ld_a = 0;
+      ld_s = s + ld_col * C::NS * 8 + s_thr;
+      ld_g8 = 0;
+    } else {
+      ld_b += b_stage;
+      ld_a += C::A_CHUNKS;
+      ld_g8 += s_stage_rows;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
 // Writing one column strip's result (the 2:4 kernel uses it too)
 // ---------------------------------------------------------------------------------------------------------------
 
-// Hands each of a tile's `entries` 8-column entries (entry e is in row e / PER_ROW; rows from m_rows on are skipped)
-// to store(e, v). A block whose run of tiles [seg_begin, seg_end) covers its whole column strip [strip_begin,
-// strip_end) stores what gather(e, v) reads. Otherwise every block holding part of the strip (blocks take runs of
-// `iters` tiles) writes its fp32 partial to its workspace slot, slot 0 for a block's first run and slot 1 for its
-// last, and bumps the strip's counter; the block that completes the count returns the counter to zero, adds the
-// partials in block order (so results do not depend on timing) and stores the sums. No block waits for another.
-template <int THREADS, int PER_ROW, class Gather, class Store>
-__device__ __forceinline__ void write_strip(float* partials, int64_t slot_elems, int first_block, int* counter,
-                                            int& s_last, int bid, int iters, int strip_begin, int strip_end,
-                                            int seg_begin, int seg_end, int entries, int m_rows, Gather&& gather,
-                                            Store&& store) {
-  const int tid = threadIdx.x;
+// The split-k protocol for one column strip. A block whose run of tiles [seg_begin, seg_end) covers its whole column
+// strip [strip_begin, strip_end) calls whole(). Otherwise every block holding part of the strip (blocks take runs of
+// `iters` tiles) calls save(slot) to write its fp32 partial to its workspace slot (slot 0 for a block's first run,
+// slot 1 for its last) and bumps the strip's counter; the block that completes the count returns the counter to
+// zero and calls reduce(slot_of, bid_lo, bid_hi), which must add the partials slot_of(bid_lo) .. slot_of(bid_hi) in
+// that order (so results do not depend on timing) and write the sums. No block waits for another. The callbacks
+// move the data; how a kernel holds its tile (shared memory or registers) is its own business.
+template <class Whole, class Save, class Reduce>
+__device__ __forceinline__ void finish_strip(float* partials, int64_t slot_elems, int first_block, int* counter,
+                                             int& s_last, int bid, int iters, int strip_begin, int strip_end,
+                                             int seg_begin, int seg_end, Whole&& whole, Save&& save, Reduce&& reduce) {
   if (seg_begin == strip_begin && seg_end == strip_end) {
-    for (int e = tid; e < entries; e += THREADS) {
-      if (e / PER_ROW >= m_rows) continue;
-      float v[8];
-      gather(e, v);
-      store(e, v);
-    }
+    whole();
     return;
   }
   const int bid_lo = strip_begin / iters;
@@ -243,18 +337,10 @@ __device__ __forceinline__ void write_strip(float* partials, int64_t slot_elems,
     const int s = b * iters >= strip_begin ? 0 : 1;
     return partials + (static_cast<int64_t>(first_block + b) * 2 + s) * slot_elems;
   };
-  float* mine = slot(bid);
-  for (int e = tid; e < entries; e += THREADS) {
-    if (e / PER_ROW >= m_rows) continue;
-    float v[8];
-    gather(e, v);
-    float4* dst = reinterpret_cast<float4*>(mine + e * 8);
-    dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-    dst[1] = make_float4(v[4], v[5], v[6], v[7]);
-  }
+  save(slot(bid));
   __threadfence();  // release: the partial is visible device-wide before the counter moves
   __syncthreads();
-  if (tid == 0) {
+  if (threadIdx.x == 0) {
     const int done = atomicAdd(counter, 1);
     const int last = done == bid_hi - bid_lo;
     if (last) atomicExch(counter, 0);  // every participant has counted: leave the workspace zeroed
@@ -262,20 +348,52 @@ __device__ __forceinline__ void write_strip(float* partials, int64_t slot_elems,
     s_last = last;
   }
   __syncthreads();
-  if (!s_last) return;
-  for (int e = tid; e < entries; e += THREADS) {
-    if (e / PER_ROW >= m_rows) continue;
-    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    // unrolled so that several parts' loads are in flight at once: this runs at the very end of the launch
-#pragma unroll 4
-    for (int b = bid_lo; b <= bid_hi; ++b) {
-      const float4* src = reinterpret_cast<const float4*>(slot(b) + e * 8);
-      const float4 x = __ldcg(src), y = __ldcg(src + 1);
-      v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w;
-      v[4] += y.x, v[5] += y.y, v[6] += y.z, v[7] += y.w;
+  if (s_last) reduce(slot, bid_lo, bid_hi);
+}
+
+// finish_strip for a tile reduced into shared memory: each of its `entries` 8-column entries (entry e is in row
+// e / PER_ROW; rows from m_rows on are skipped) is read by gather(e, v) and written by store(e, v).
+template <int THREADS, int PER_ROW, class Gather, class Store>
+__device__ __forceinline__ void write_strip(float* partials, int64_t slot_elems, int first_block, int* counter,
+                                            int& s_last, int bid, int iters, int strip_begin, int strip_end,
+                                            int seg_begin, int seg_end, int entries, int m_rows, Gather&& gather,
+                                            Store&& store) {
+  const int tid = threadIdx.x;
+  auto whole = [&] {
+    for (int e = tid; e < entries; e += THREADS) {
+      if (e / PER_ROW >= m_rows) continue;
+      float v[8];
+      gather(e, v);
+      store(e, v);
     }
-    store(e, v);
-  }
+  };
+  auto save = [&](float* mine) {
+    for (int e = tid; e < entries; e += THREADS) {
+      if (e / PER_ROW >= m_rows) continue;
+      float v[8];
+      gather(e, v);
+      float4* dst = reinterpret_cast<float4*>(mine + e * 8);
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  };
+  auto reduce = [&](auto&& slot, int bid_lo, int bid_hi) {
+    for (int e = tid; e < entries; e += THREADS) {
+      if (e / PER_ROW >= m_rows) continue;
+      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      // unrolled so that several parts' loads are in flight at once: this runs at the very end of the launch
+#pragma unroll 4
+      for (int b = bid_lo; b <= bid_hi; ++b) {
+        const float4* src = reinterpret_cast<const float4*>(slot(b) + e * 8);
+        const float4 x = __ldcg(src), y = __ldcg(src + 1);
+        v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w;
+        v[4] += y.x, v[5] += y.y, v[6] += y.z, v[7] += y.w;
+      }
+      store(e, v);
+    }
+  };
+  finish_strip(partials, slot_elems, first_block, counter, s_last, bid, iters, strip_begin, strip_end, seg_begin,
+               seg_end, whole, save, reduce);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -310,76 +428,8 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
 
   const int4* a_g = p.a + static_cast<int64_t>(chunk) * C::R * (p.k / 8);
   int4* c_g = p.c + static_cast<int64_t>(chunk) * C::R * (p.n / 8);
-  const int b_row = p.n / 2;  // int4 per packed row (2n int32)
-  const int s_row = p.n / 8;  // int4 per scale row
-  const int a_row = p.k / 8;  // int4 per A row
 
-  // --- loads of one stage ---------------------------------------------------------------------------------------
-  // Every thread's share of a stage is fixed: only the tile's (column strip, k-tile) base moves. The per-thread parts
-  // are computed here once; the bases of the next stage to load live in registers and advance by additions, so a
-  // stage's copies cost no index arithmetic beyond one add per pointer. Shared-memory destinations are byte offsets
-  // from the slot's address.
-  // B: KT packed rows x NS strips x 32 lanes, copied in order (so a lane later reads its own 16 bytes); thread tid
-  // copies rows tid / (NS * 32) + i * B_PASS, column tid % (NS * 32).
-  constexpr int B_PASS = kThreads / (C::NS * 32);
-  const int64_t b_thr = static_cast<int64_t>(tid / (C::NS * 32)) * b_row + tid % (C::NS * 32);
-  const int64_t b_pass = static_cast<int64_t>(B_PASS) * b_row;
-  const int64_t b_stage = static_cast<int64_t>(C::KT) * b_row;
-  const uint32_t b_dst = (C::A_STAGE + tid) * 16;
-  // A: R rows x A_CHUNKS chunks; chunk j of row r lands at r * A_CHUNKS + (j ^ (r % 8)), so the 8 rows one
-  // ldmatrix phase reads fall in 8 different 16-byte bank groups. Rows past m are zero-filled (no global read).
-  constexpr int A_PER = (C::A_STAGE + kThreads - 1) / kThreads;
-  int a_src[A_PER], a_bytes[A_PER];
-  uint32_t a_dst[A_PER];
-#pragma unroll
-  for (int i = 0; i < A_PER; ++i) {
-    const int idx = tid + i * kThreads;
-    const int r = idx / C::A_CHUNKS;
-    const int j = idx % C::A_CHUNKS;
-    const bool ok = r < m_rows && (C::A_STAGE % kThreads == 0 || idx < C::A_STAGE);
-    a_src[i] = (ok ? r : 0) * a_row + j;
-    a_dst[i] = (r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
-    a_bytes[i] = ok ? 16 : 0;
-  }
-  // Scales: the group rows a stage spans (one row when a group spans several stages), NS * 8 int4 each. The row of
-  // the next stage is ld_g8 / 8 (ld_g8 counts group rows times 8, exact for any group).
-  const int s_rows = max(1, C::KT >> p.lg_group);
-  const bool s_copy = GROUPED && tid < s_rows * C::NS * 8;
-  const int s_thr = (tid / (C::NS * 8)) * s_row + tid % (C::NS * 8);
-  const int s_stage_rows = (C::KT << 3) >> p.lg_group;
-  const uint32_t s_dst = (C::A_STAGE + C::B_STAGE + tid) * 16;
-  // Next tile to load: its column strip and k-tile, and the matching bases.
-  int ld_col = t_begin / k_tiles;
-  int ld_kt = t_begin - ld_col * k_tiles;
-  const int4* ld_b = p.b + static_cast<int64_t>(ld_kt) * b_stage + ld_col * C::NS * 32 + b_thr;
-  int ld_a = ld_kt * C::A_CHUNKS;
-  const int4* ld_s = p.s + ld_col * C::NS * 8 + s_thr;
-  int ld_g8 = ld_kt * s_stage_rows;
-
-  auto load_stage = [&](uint32_t st) {
-#pragma unroll
-    for (int i = 0; i < C::B_STAGE / kThreads; ++i) cp_async16(st + b_dst + i * kThreads * 16, ld_b + i * b_pass);
-#pragma unroll
-    for (int i = 0; i < A_PER; ++i) {
-      if (C::A_STAGE % kThreads == 0 || tid + i * kThreads < C::A_STAGE) {
-        cp_async16_zfill(st + a_dst[i], a_g + (ld_a + a_src[i]), a_bytes[i]);
-      }
-    }
-    if (s_copy) cp_async16(st + s_dst, ld_s + (ld_g8 >> 3) * s_row);  // int: below the scale tensor's int4 count
-    // advance to the next tile
-    if (++ld_kt == k_tiles) {
-      ld_kt = 0;
-      ++ld_col;
-      ld_b = p.b + ld_col * C::NS * 32 + b_thr;
-      ld_a = 0;
-      ld_s = p.s + ld_col * C::NS * 8 + s_thr;
-      ld_g8 = 0;
-    } else {
-      ld_b += b_stage;
-      ld_a += C::A_CHUNKS;
-      ld_g8 += s_stage_rows;
-    }
-  };
+  StageLoader<C, GROUPED> loader(p, a_g, m_rows, t_begin, k_tiles);
 
   // --- per-thread shared-memory byte offsets within a stage, fixed for the whole kernel ------------------------
   // ldmatrix.x4 for an m16k16 A fragment: lanes 0-15 give rows 0-15 at k 0-7, lanes 16-31 rows 0-15 at k 8-15.
@@ -509,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   const uint32_t ring = smem_addr(smem), ring_end = ring + C::STAGES * STAGE_BYTES;
 #pragma unroll
   for (int s = 0; s < C::STAGES - 1; ++s) {
-    if (s < n_iter) load_stage(ring + s * STAGE_BYTES);
+    if (s < n_iter) loader.load(ring + s * STAGE_BYTES);
     cp_async_commit();
   }
   // One copy of the loop body: unrolling it over the ring (static slot addresses) made a 160 KB kernel that ran
@@ -523,7 +573,7 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
     cp_async_wait<C::STAGES - 2>();  // stage `it` has landed (one commit per iteration, empty ones included)
     __syncthreads();                 // ... for every thread, and every thread is done with stage it - 1
     const int next = it + C::STAGES - 1;
-    if (next < n_iter) load_stage(slot_next);
+    if (next < n_iter) loader.load(slot_next);
     cp_async_commit();
     compute_stage(slot);
     slot = slot + STAGE_BYTES == ring_end ? ring : slot + STAGE_BYTES;
@@ -588,6 +638,28 @@ MARLIN_DECLARE_LAUNCHER(1)
 MARLIN_DECLARE_LAUNCHER(2)
 MARLIN_DECLARE_LAUNCHER(3)
 MARLIN_DECLARE_LAUNCHER(4)
+
+// The wgmma kernel for m > 32 on sm_90a (marlin_sm90.cu): one warpgroup per block, 64-row chunks (wgmma's n),
+// 256-column strips, 64-deep stages.
+struct Sm90Cfg {
+  static constexpr int THREADS = 128;  // one warpgroup
+  static constexpr int MB = 4, R = 64;  // rows of the A / C tile: wgmma's n
+  static constexpr int NS = 4, W = 256;  // one 64-column strip per warp
+  static constexpr int KT = 4;           // k16 tiles per stage: one 128-byte row of A per row
+  static constexpr int STAGES = 6;
+  static constexpr int A_CHUNKS = 2 * KT;
+  static constexpr int A_STAGE = R * A_CHUNKS;
+  static constexpr int B_STAGE = KT * NS * 32;
+  static constexpr int S_ROWS = KT / 2;
+  static constexpr int S_STAGE = S_ROWS * NS * 8;
+  static constexpr int STAGE = A_STAGE + B_STAGE + S_STAGE;
+  static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
+  static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x n64 / 128)
+  static_assert(A_CHUNKS == 8, "the A tile must be the 128-byte swizzle: 64 fp16 per row");
+  static_assert(STAGE * 16 % 1024 == 0, "every stage (and so its A tile) starts on a swizzle atom");
+  static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
+};
+cudaError_t launch_sm90(bool grouped, const Params& p, int grid, int device, cudaStream_t stream);
 
 // Only the configurations of one chunk height are instantiated per file (if constexpr inside a template).
 template <int MB>

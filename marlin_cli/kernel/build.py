@@ -28,6 +28,7 @@ SOURCES = (
     "marlin_mb3.cu",
     "marlin_mb4.cu",
     "marlin24.cu",
+    "marlin_sm90.cu",
     "bindings.cpp",
 )
 HEADERS = ("marlin.h", "marlin_kernel.cuh", "marlin24.h", "marlin24_kernel.cuh")
@@ -94,12 +95,21 @@ def kernel_problem(device: torch.device | str | int | None = None) -> str | None
 
 
 def arch_list() -> str:
-    """Architectures to compile for: TORCH_CUDA_ARCH_LIST if set, else the capability of the current GPU."""
+    """Architectures to compile for: TORCH_CUDA_ARCH_LIST if set, else the capability of the current GPU (9.0 as
+    9.0a, the target with wgmma, which the kernel for m > 32 needs)."""
     env = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if env:
         return env
     major, minor = torch.cuda.get_device_capability()
-    return f"{major}.{minor}"
+    return "9.0a" if (major, minor) == (9, 0) else f"{major}.{minor}"
+
+
+def cuda_flags(arches: str) -> list[str]:
+    """nvcc flags; MARLIN_SM90A tells the host code that the wgmma kernel was compiled (only for sm_90a)."""
+    flags = list(CUDA_FLAGS)
+    if "9.0a" in re.split(r"[;\s]+", arches):
+        flags.append("-DMARLIN_SM90A")
+    return flags
 
 
 def _build_hash(src: Path, arches: str) -> str:
@@ -107,7 +117,7 @@ def _build_hash(src: Path, arches: str) -> str:
     for name in SOURCES + HEADERS:
         h.update(name.encode())
         h.update((src / name).read_bytes())
-    h.update(f"{arches}|{torch.__version__}|{torch.version.cuda}|{' '.join(CUDA_FLAGS)}".encode())
+    h.update(f"{arches}|{torch.__version__}|{torch.version.cuda}|{' '.join(cuda_flags(arches))}".encode())
     return h.hexdigest()[:16]
 
 
@@ -155,7 +165,7 @@ def build_kernels() -> Path:
                 name=name,
                 sources=[str(src / s) for s in SOURCES],
                 extra_cflags=["-O3", "-std=c++17"],
-                extra_cuda_cflags=list(CUDA_FLAGS),
+                extra_cuda_cflags=cuda_flags(arches),
                 extra_include_paths=[str(src)],
                 build_directory=str(build_dir),
                 is_python_module=False,
