@@ -4,7 +4,8 @@ compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_ke
 compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_kernel.py
 
 Build the kernel first (any call of marlin_cli.kernel.ops.gemm on a GPU), so the sanitizer only sees launches.
-The shapes cover every chunk height, strip width, group kind, act-order, ragged m and the split-k fixup.
+The shapes cover every chunk height, strip width, group kind, act-order, ragged m and the split-k fixup, for the
+sm_80 kernel (m <= 32, or n not a multiple of 256) and the wgmma kernel (m > 32 on the H200).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ CASES = [  # m, k, n, group, act_order
     (33, 1024, 512, 32, False),
     (64, 256, 1024, 64, False),
     (100, 384, 384, 128, True),
+    (64, 2048, 256, 128, False),  # wgmma kernel: one strip in 8 parts
+    (100, 512, 512, -1, True),  # wgmma kernel: two chunks, per-channel scales
 ]
 
 
