@@ -139,6 +139,30 @@ def test_bad_operands() -> None:
         ops.gemm(a, b, s, torch.arange(128, device="cuda", dtype=torch.int32))
 
 
+def _kernels_launched(m: int, k: int, n: int) -> str:
+    a, b, s = random_operands(m, k, n, 128)
+    ops.gemm(a, b, s)  # built and warm
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
+        ops.gemm(a, b, s)
+        torch.cuda.synchronize()
+    return " ".join(e.name for e in prof.events())
+
+
+def test_hopper_runs_the_wgmma_kernel_above_32_rows() -> None:
+    """On compute capability 9.0 the build targets 9.0a, and m > 32 with n % 256 == 0 runs on the wgmma kernel."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs compute capability 9.0")
+    small, large, narrow = (
+        _kernels_launched(32, 256, 512),
+        _kernels_launched(33, 256, 512),
+        _kernels_launched(33, 256, 192),
+    )
+    assert "gemm_kernel<" in small and "gemm_sm90_kernel" not in small
+    assert "gemm_sm90_kernel" in large
+    assert "gemm_kernel<" in narrow and "gemm_sm90_kernel" not in narrow  # n not a multiple of 256
+
+
 def test_kernel_name() -> None:
     assert ops.kernel_name(torch.device("cuda")) == "cuda"
     assert ops.kernel_name(torch.device("cpu")) == "reference"

@@ -1,0 +1,44 @@
+"""The kernel build's inputs, checked without a GPU: architectures, flags, and that every source is built and hashed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from marlin_cli.kernel import build
+
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+
+
+def test_every_kernel_source_is_built_and_hashed() -> None:
+    """A .cu left out of SOURCES would not be compiled; a header left out of HEADERS would not bust the cache."""
+    assert {p.name for p in KERNELS.glob("*.cu")} | {"bindings.cpp"} == set(build.SOURCES)
+    assert {p.name for p in KERNELS.glob("*.h")} | {p.name for p in KERNELS.glob("*.cuh")} == set(build.HEADERS)
+
+
+@pytest.mark.parametrize(
+    "capability,expected", [((9, 0), "9.0a"), ((8, 0), "8.0"), ((8, 9), "8.9"), ((12, 0), "12.0")], ids=str
+)
+def test_arch_list_follows_the_gpu(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], expected: str) -> None:
+    """Hopper (9.0) builds the arch-specific 9.0a target, which the wgmma kernel needs; others build their own."""
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    assert build.arch_list() == expected
+
+
+def test_arch_list_from_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert build.arch_list() == "8.0;9.0"
+
+
+@pytest.mark.parametrize(
+    "arches,wgmma", [("9.0a", True), ("8.0 9.0a", True), ("8.0;9.0a", True), ("9.0", False), ("8.0;9.0", False)]
+)
+def test_the_wgmma_kernel_is_enabled_only_for_sm90a(arches: str, wgmma: bool) -> None:
+    """MARLIN_SM90A tells the host code the wgmma kernel exists; without 9.0a every m runs on the sm_80 kernel."""
+    flags = build.cuda_flags(arches)
+    assert ("-DMARLIN_SM90A" in flags) == wgmma
+    assert flags[: len(build.CUDA_FLAGS)] == list(build.CUDA_FLAGS)
