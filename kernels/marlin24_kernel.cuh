@@ -124,19 +124,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   const int k_warp = warp / C::NS;  // which KQ k32 rows of each stage this warp computes
   const int g = lane / 4, t = lane % 4;
 
-  const int chunk = blockIdx.x / p.blocks_per_chunk;
-  const int bid = blockIdx.x % p.blocks_per_chunk;
-  const int m_rows = min(C::R, p.m - chunk * C::R);
-  if (m_rows <= 0) return;
-
-  const int n_cols = p.n / C::W;
-  const int k_tiles = p.k / (32 * C::KT);
-  const int total = n_cols * k_tiles;
-  const int iters = (total + p.blocks_per_chunk - 1) / p.blocks_per_chunk;
-  const int t_begin = bid * iters;
-  const int t_end = min(total, t_begin + iters);
-  if (t_begin >= t_end) return;
-  const int n_iter = t_end - t_begin;
+  detail::Run run;
+  if (!detail::plan_run(p.m, p.n, p.k, C::R, C::W, 32 * C::KT, p.blocks_per_chunk, run)) return;
+  const int chunk = run.chunk, m_rows = run.m_rows, k_tiles = run.k_tiles;
 
   const int4* a_g = p.a + static_cast<int64_t>(chunk) * C::R * (p.k / 8);
   int4* c_g = p.c + static_cast<int64_t>(chunk) * C::R * (p.n / 8);
@@ -193,8 +183,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 #pragma unroll
   for (int i = 0; i < S_PER; ++i) s_src[i] = source(tid + i * C::THREADS, C::W / 8, s_row);
 
-  int ld_col = t_begin / k_tiles;
-  int ld_kt = t_begin - ld_col * k_tiles;
+  int ld_col = run.t_begin / k_tiles;
+  int ld_kt = run.t_begin - ld_col * k_tiles;
   auto load_stage = [&](int4* st) {
     int4* sa = st;
     int4* sb = sa + C::A_STAGE;
@@ -356,43 +346,18 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
       c_g[static_cast<int64_t>(r) * (p.n / 8) + n0 / 8] = *reinterpret_cast<int4*>(h);
     };
     write_strip<C::THREADS, C::W / 8>(p.partials, C::R * C::W, chunk * p.blocks_per_chunk,
-                                      p.counters + chunk * n_cols + col, s_last, bid, iters, col * k_tiles,
-                                      (col + 1) * k_tiles, seg_begin, seg_end, groups8, m_rows, gather, store);
+                                      p.counters + chunk * run.n_cols + col, s_last, run.bid, run.iters,
+                                      col * k_tiles, (col + 1) * k_tiles, seg_begin, seg_end, groups8, m_rows,
+                                      gather, store);
     zero_acc();  // `red` is next written after the main loop's barrier, so no barrier is needed here
   };
 
-  // --- main loop ---------------------------------------------------------------------------------------------
-#pragma unroll
-  for (int s = 0; s < C::STAGES - 1; ++s) {
-    if (s < n_iter) load_stage(smem + s * C::STAGE);
-    cp_async_commit();
-  }
-  int seg_begin = t_begin;
-  int slot = 0, slot_next = C::STAGES - 1;
-  int cur_col = t_begin / k_tiles;
-  int cur_kt = t_begin - cur_col * k_tiles;
-#pragma unroll 1
-  for (int it = 0; it < n_iter; ++it) {
-    cp_async_wait<C::STAGES - 2>();  // stage `it` has landed (one commit per iteration, empty ones included)
-    __syncthreads();                 // ... for every thread, and every thread is done with stage it - 1
-    const int next = it + C::STAGES - 1;
-    if (next < n_iter) load_stage(smem + slot_next * C::STAGE);
-    cp_async_commit();
-    compute_stage(smem + slot * C::STAGE);
-    slot = slot + 1 == C::STAGES ? 0 : slot + 1;
-    slot_next = slot_next + 1 == C::STAGES ? 0 : slot_next + 1;
-    const bool strip_end = ++cur_kt == k_tiles;
-    if (strip_end || it + 1 == n_iter) {
-      const int tile = t_begin + it;
-      finish(cur_col, seg_begin, tile + 1);
-      seg_begin = tile + 1;
-    }
-    if (strip_end) {
-      cur_kt = 0;
-      ++cur_col;
-    }
-  }
-  cp_async_wait<0>();
+  // --- main loop: the dense kernels' (stage addresses back to pointers for this kernel's loads) --------------
+  const uint32_t ring = detail::smem_addr(smem);
+  auto at = [&](uint32_t st) { return smem + (st - ring) / 16; };
+  detail::pipeline<C::STAGES, C::STAGE * 16>(
+      run, ring, [&](uint32_t st) { load_stage(at(st)); }, [] {}, [&](uint32_t st) { compute_stage(at(st)); },
+      finish);
 }
 
 }  // namespace sparse24

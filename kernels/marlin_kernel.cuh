@@ -155,6 +155,19 @@ __device__ __forceinline__ uint32_t bcast_hi(uint32_t w) {
   return r;
 }
 
+// dequant, then with grouped scales (SCALED) sub-tile 0 times the low fp16 of s and sub-tile 1 times the high one.
+template <bool SCALED>
+__device__ __forceinline__ void dequant_scaled(uint32_t q, uint32_t s, uint32_t (&f0)[2], uint32_t (&f1)[2]) {
+  dequant(q, f0, f1);
+  if (SCALED) {
+    const uint32_t s0 = bcast_lo(s), s1 = bcast_hi(s);
+    f0[0] = hmul2(f0[0], s0);
+    f0[1] = hmul2(f0[1], s0);
+    f1[0] = hmul2(f1[0], s1);
+    f1[1] = hmul2(f1[1], s1);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Kernel configuration
 // ---------------------------------------------------------------------------------------------------------------
@@ -397,6 +410,78 @@ __device__ __forceinline__ void write_strip(float* partials, int64_t slot_elems,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Partition and main loop (all three kernels)
+// ---------------------------------------------------------------------------------------------------------------
+
+// The run of tiles a block takes: the tiles of one chunk of `rows` rows are numbered column strip by column strip
+// (`cols` wide; k fastest, `depth` rows of K per tile) and every block of the chunk takes one contiguous run.
+struct Run {
+  int chunk, bid;              // the block's chunk of rows, and its index among the chunk's blocks
+  int m_rows;                  // rows of the chunk that exist
+  int n_cols, k_tiles, iters;  // column strips, tiles per strip, tiles per run
+  int t_begin, n_iter;         // the block's first tile and its number of tiles
+};
+
+// Fills r; false when the block has nothing to do (its chunk is past m, or its run past the last tile).
+__device__ __forceinline__ bool plan_run(int m, int n, int k, int rows, int cols, int depth, int blocks_per_chunk,
+                                         Run& r) {
+  r.chunk = blockIdx.x / blocks_per_chunk;
+  r.bid = blockIdx.x % blocks_per_chunk;
+  r.m_rows = min(rows, m - r.chunk * rows);
+  if (r.m_rows <= 0) return false;
+  r.n_cols = n / cols;
+  r.k_tiles = k / depth;
+  const int total = r.n_cols * r.k_tiles;
+  r.iters = (total + blocks_per_chunk - 1) / blocks_per_chunk;
+  r.t_begin = r.bid * r.iters;
+  r.n_iter = min(total, r.t_begin + r.iters) - r.t_begin;
+  return r.n_iter > 0;
+}
+
+// The main loop: a STAGES-deep ring of stages at shared-memory addresses ring + i * STAGE_BYTES, one cp.async
+// commit per iteration (empty ones included). load(st) issues the copies of the run's next tile into stage st;
+// ready() runs once the current stage has landed for this thread, before the block barrier; compute(st) consumes
+// it; finish(col, seg_begin, seg_end) ends the part of the run inside column strip col (at a strip's last tile and
+// at the run's last). One copy of the loop body: unrolling it over the ring (static slot addresses) made a 160 KB
+// kernel that ran out of the instruction cache (v1); the slot addresses are registers advanced once per stage.
+template <int STAGES, uint32_t STAGE_BYTES, class Load, class Ready, class Compute, class Finish>
+__device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, Load&& load, Ready&& ready, Compute&& compute,
+                                         Finish&& finish) {
+  const uint32_t ring_end = ring + STAGES * STAGE_BYTES;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < r.n_iter) load(ring + s * STAGE_BYTES);
+    cp_async_commit();
+  }
+  int seg_begin = r.t_begin;
+  uint32_t slot = ring, slot_next = ring + (STAGES - 1) * STAGE_BYTES;
+  int cur_col = r.t_begin / r.k_tiles;
+  int cur_kt = r.t_begin - cur_col * r.k_tiles;
+#pragma unroll 1
+  for (int it = 0; it < r.n_iter; ++it) {
+    cp_async_wait<STAGES - 2>();  // stage `it` has landed
+    ready();
+    __syncthreads();  // ... for every thread, and every thread is done with stage it - 1
+    if (it + STAGES - 1 < r.n_iter) load(slot_next);
+    cp_async_commit();
+    compute(slot);
+    slot = slot + STAGE_BYTES == ring_end ? ring : slot + STAGE_BYTES;
+    slot_next = slot_next + STAGE_BYTES == ring_end ? ring : slot_next + STAGE_BYTES;
+    const bool strip_end = ++cur_kt == r.k_tiles;
+    if (strip_end || it + 1 == r.n_iter) {
+      const int tile = r.t_begin + it;
+      finish(cur_col, seg_begin, tile + 1);
+      seg_begin = tile + 1;
+    }
+    if (strip_end) {
+      cur_kt = 0;
+      ++cur_col;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------------------------
 
@@ -412,24 +497,14 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   const int n_warp = warp % C::NS;  // which 64-column strip
   const int k_warp = warp / C::NS;  // which slice of each stage's k16 tiles
 
-  const int chunk = blockIdx.x / p.blocks_per_chunk;
-  const int bid = blockIdx.x % p.blocks_per_chunk;
-  const int m_rows = min(C::R, p.m - chunk * C::R);
-  if (m_rows <= 0) return;
-
-  const int n_cols = p.n / C::W;
-  const int k_tiles = p.k / (16 * C::KT);
-  const int total = n_cols * k_tiles;
-  const int iters = (total + p.blocks_per_chunk - 1) / p.blocks_per_chunk;
-  const int t_begin = bid * iters;
-  const int t_end = min(total, t_begin + iters);
-  if (t_begin >= t_end) return;
-  const int n_iter = t_end - t_begin;
+  Run run;
+  if (!plan_run(p.m, p.n, p.k, C::R, C::W, 16 * C::KT, p.blocks_per_chunk, run)) return;
+  const int chunk = run.chunk, m_rows = run.m_rows, k_tiles = run.k_tiles;
 
   const int4* a_g = p.a + static_cast<int64_t>(chunk) * C::R * (p.k / 8);
   int4* c_g = p.c + static_cast<int64_t>(chunk) * C::R * (p.n / 8);
 
-  StageLoader<C, GROUPED> loader(p, a_g, m_rows, t_begin, k_tiles);
+  StageLoader<C, GROUPED> loader(p, a_g, m_rows, run.t_begin, k_tiles);
 
   // --- per-thread shared-memory byte offsets within a stage, fixed for the whole kernel ------------------------
   // ldmatrix.x4 for an m16k16 A fragment: lanes 0-15 give rows 0-15 at k 0-7, lanes 16-31 rows 0-15 at k 8-15.
@@ -476,14 +551,7 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // the four 16x16 tiles of the strip: n8 sub-tiles 2j and 2j + 1
         uint32_t f0[2], f1[2];
-        dequant(bw[j], f0, f1);
-        if (GROUPED) {
-          const uint32_t s0 = bcast_lo(sw[j]), s1 = bcast_hi(sw[j]);
-          f0[0] = hmul2(f0[0], s0);
-          f0[1] = hmul2(f0[1], s0);
-          f1[0] = hmul2(f1[0], s1);
-          f1[1] = hmul2(f1[1], s1);
-        }
+        dequant_scaled<GROUPED>(bw[j], sw[j], f0, f1);
 #pragma unroll
         for (int i = 0; i < C::MB; ++i) {
           mma_16816(a[i], f0, acc[i][2 * j]);
@@ -549,47 +617,14 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
       for (int x = 0; x < 8; ++x) v[x] = src[x];
     };
     write_strip<kThreads, C::W / 8>(p.partials, kMaxTileElems, chunk * p.blocks_per_chunk,
-                                    p.counters + chunk * n_cols + col, s_last, bid, iters, col * k_tiles,
+                                    p.counters + chunk * run.n_cols + col, s_last, run.bid, run.iters, col * k_tiles,
                                     (col + 1) * k_tiles, seg_begin, seg_end, groups8, m_rows, gather, store);
     zero_acc();
   };
 
   // --- main loop ---------------------------------------------------------------------------------------------
-  constexpr uint32_t STAGE_BYTES = C::STAGE * 16;
-  const uint32_t ring = smem_addr(smem), ring_end = ring + C::STAGES * STAGE_BYTES;
-#pragma unroll
-  for (int s = 0; s < C::STAGES - 1; ++s) {
-    if (s < n_iter) loader.load(ring + s * STAGE_BYTES);
-    cp_async_commit();
-  }
-  // One copy of the loop body: unrolling it over the ring (static slot addresses) made a 160 KB kernel that ran
-  // out of the instruction cache (v1). The slot addresses are registers; offsets inside a stage stay static.
-  int seg_begin = t_begin;
-  uint32_t slot = ring, slot_next = ring + (C::STAGES - 1) * STAGE_BYTES;
-  int cur_col = t_begin / k_tiles;
-  int cur_kt = t_begin - cur_col * k_tiles;
-#pragma unroll 1
-  for (int it = 0; it < n_iter; ++it) {
-    cp_async_wait<C::STAGES - 2>();  // stage `it` has landed (one commit per iteration, empty ones included)
-    __syncthreads();                 // ... for every thread, and every thread is done with stage it - 1
-    const int next = it + C::STAGES - 1;
-    if (next < n_iter) loader.load(slot_next);
-    cp_async_commit();
-    compute_stage(slot);
-    slot = slot + STAGE_BYTES == ring_end ? ring : slot + STAGE_BYTES;
-    slot_next = slot_next + STAGE_BYTES == ring_end ? ring : slot_next + STAGE_BYTES;
-    const bool strip_end = ++cur_kt == k_tiles;
-    if (strip_end || it + 1 == n_iter) {
-      const int tile = t_begin + it;
-      finish(cur_col, seg_begin, tile + 1);
-      seg_begin = tile + 1;
-    }
-    if (strip_end) {
-      cur_kt = 0;
-      ++cur_col;
-    }
-  }
-  cp_async_wait<0>();
+  pipeline<C::STAGES, C::STAGE * 16>(
+      run, smem_addr(smem), [&](uint32_t st) { loader.load(st); }, [] {}, compute_stage, finish);
 }
 
 constexpr int kMaxDevices = 64;

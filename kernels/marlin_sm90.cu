@@ -72,23 +72,13 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
   const int lane = tid % 32;
   const int warp = tid / 32;  // = the 64-column strip this warp's weights come from
 
-  const int chunk = blockIdx.x / p.blocks_per_chunk;
-  const int bid = blockIdx.x % p.blocks_per_chunk;
-  const int m_rows = min(C::R, p.m - chunk * C::R);
-  if (m_rows <= 0) return;
-
-  const int n_cols = p.n / C::W;
-  const int k_tiles = p.k / (16 * C::KT);
-  const int total = n_cols * k_tiles;
-  const int iters = (total + p.blocks_per_chunk - 1) / p.blocks_per_chunk;
-  const int t_begin = bid * iters;
-  const int t_end = min(total, t_begin + iters);
-  if (t_begin >= t_end) return;
-  const int n_iter = t_end - t_begin;
+  Run run;
+  if (!plan_run(p.m, p.n, p.k, C::R, C::W, 16 * C::KT, p.blocks_per_chunk, run)) return;
+  const int chunk = run.chunk, m_rows = run.m_rows, k_tiles = run.k_tiles;
 
   const int4* a_g = p.a + static_cast<int64_t>(chunk) * C::R * (p.k / 8);
   __half* c_g = reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(chunk) * C::R * p.n;
-  StageLoader<C, GROUPED> loader(p, a_g, m_rows, t_begin, k_tiles);
+  StageLoader<C, GROUPED> loader(p, a_g, m_rows, run.t_begin, k_tiles);
 
   const uint32_t b_off = (C::A_STAGE + warp * 32 + lane) * 16;
   const uint32_t s_off = (C::A_STAGE + C::B_STAGE + warp * 8 + lane / 4) * 16;
@@ -119,14 +109,7 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint32_t f0[2], f1[2];
-        dequant(bw[j], f0, f1);
-        if (GROUPED) {
-          const uint32_t s0 = bcast_lo(sw[j]), s1 = bcast_hi(sw[j]);
-          f0[0] = hmul2(f0[0], s0);
-          f0[1] = hmul2(f0[1], s0);
-          f1[0] = hmul2(f1[0], s1);
-          f1[1] = hmul2(f1[1], s1);
-        }
+        dequant_scaled<GROUPED>(bw[j], sw[j], f0, f1);
         a[j][0] = f0[0];  // rows g: sub-tile 2j, k 2c..2c+1
         a[j][1] = f1[0];  // rows g + 8: sub-tile 2j + 1
         a[j][2] = f0[1];  // k + 8
@@ -201,47 +184,16 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
       }
       store_c(col);
     };
-    finish_strip(p.partials, kMaxTileElems, chunk * p.blocks_per_chunk, p.counters + chunk * n_cols + col, s_last,
-                 bid, iters, col * k_tiles, (col + 1) * k_tiles, seg_begin, seg_end, [&] { store_c(col); }, save,
-                 reduce);
+    finish_strip(p.partials, kMaxTileElems, chunk * p.blocks_per_chunk, p.counters + chunk * run.n_cols + col,
+                 s_last, run.bid, run.iters, col * k_tiles, (col + 1) * k_tiles, seg_begin, seg_end,
+                 [&] { store_c(col); }, save, reduce);
     zero_acc();
   };
 
-  // --- main loop: as the sm_80 kernel's ------------------------------------------------------------------------
-  constexpr uint32_t STAGE_BYTES = C::STAGE * 16;
-  const uint32_t ring = (smem_addr(smem) + 1023) & ~1023u, ring_end = ring + C::STAGES * STAGE_BYTES;
-#pragma unroll
-  for (int s = 0; s < C::STAGES - 1; ++s) {
-    if (s < n_iter) loader.load(ring + s * STAGE_BYTES);
-    cp_async_commit();
-  }
-  int seg_begin = t_begin;
-  uint32_t slot = ring, slot_next = ring + (C::STAGES - 1) * STAGE_BYTES;
-  int cur_col = t_begin / k_tiles;
-  int cur_kt = t_begin - cur_col * k_tiles;
-#pragma unroll 1
-  for (int it = 0; it < n_iter; ++it) {
-    cp_async_wait<C::STAGES - 2>();  // stage `it` has landed (one commit per iteration)
-    fence_proxy_async();             // ... and is visible to wgmma
-    __syncthreads();                 // ... for every thread; stage it - 1's wgmma are done in every warp
-    const int next = it + C::STAGES - 1;
-    if (next < n_iter) loader.load(slot_next);
-    cp_async_commit();
-    compute_stage(slot);
-    slot = slot + STAGE_BYTES == ring_end ? ring : slot + STAGE_BYTES;
-    slot_next = slot_next + STAGE_BYTES == ring_end ? ring : slot_next + STAGE_BYTES;
-    const bool strip_end = ++cur_kt == k_tiles;
-    if (strip_end || it + 1 == n_iter) {
-      const int tile = t_begin + it;
-      finish(cur_col, seg_begin, tile + 1);
-      seg_begin = tile + 1;
-    }
-    if (strip_end) {
-      cur_kt = 0;
-      ++cur_col;
-    }
-  }
-  cp_async_wait<0>();
+  // --- main loop: the sm_80 kernel's, with the landed stage made visible to wgmma ----------------------------
+  pipeline<C::STAGES, C::STAGE * 16>(
+      run, (smem_addr(smem) + 1023) & ~1023u, [&](uint32_t st) { loader.load(st); }, fence_proxy_async,
+      compute_stage, finish);
   wgmma_wait<0>();
 #endif
 }
