@@ -1,4 +1,4 @@
-"""`marlin build-kernels`: compile the bundled CUDA kernel ahead of time (otherwise it is built on first use)."""
+"""`marlin build-kernels`: compile the bundled CUDA kernels ahead of time (otherwise they are built on first use)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ from marlin_cli.kernel import build
 
 
 def build_kernels_command(json_out: JsonOpt = False) -> None:
-    """Compile the CUDA kernel for the GPU present (sm_80 or newer) into the per-user cache.
+    """Compile the CUDA kernels for the GPU present (sm_80 or newer) into the per-user cache.
 
-    Set TORCH_CUDA_ARCH_LIST (e.g. "8.0;9.0") to build for other architectures.
+    A compute capability 9.0 GPU (H100, H200) is built for 9.0a, which adds the wgmma kernel for batches above 32.
+
+    Set TORCH_CUDA_ARCH_LIST (e.g. "8.0;9.0a") to build for other architectures (without 9.0a: no wgmma kernel).
     """
     timer = Timer()
     path = build.build_kernels()
     if json_out:
         print_json({"library": str(path), "seconds": timer.seconds()})
     else:
-        err_console.print(f"kernel built: {path} ({timer.seconds():.1f} s)")
+        err_console.print(f"kernels built: {path} ({timer.seconds():.1f} s)")
