@@ -25,17 +25,6 @@ __global__ void gather_columns(const __half* __restrict__ a, const int* __restri
 // Host side
 // ---------------------------------------------------------------------------------------------------------------
 
-int max_smem(int device) {
-  static int cache[kMaxDevices] = {};
-  if (device < 0 || device >= kMaxDevices) return 0;
-  if (cache[device] == 0) {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
-    cache[device] = v;
-  }
-  return cache[device];
-}
-
 int smem_of(const Choice& c) {
 #define MARLIN_SMEM(MB, NS, ST) \
   if (c.mb == MB && c.ns == NS && c.stages == ST) return CfgFor<MB, NS, ST>::SMEM;
@@ -59,14 +48,7 @@ constexpr int kSm90Parts = 8;
 // Whether the wgmma kernel can run: built for sm_90a (MARLIN_SM90A) and the device is compute capability 9.0.
 bool has_wgmma(int device) {
 #ifdef MARLIN_SM90A
-  static int cache[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  if (cache[device] == 0) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    cache[device] = major == 9 && minor == 0 && max_smem(device) >= Sm90Cfg::SMEM ? 1 : 2;
-  }
-  return cache[device] == 1;
+  return compute_capability(device) == 90 && max_smem(device) >= Sm90Cfg::SMEM;
 #else
   (void)device;
   return false;

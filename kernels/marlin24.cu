@@ -6,18 +6,9 @@
 namespace marlin_cli {
 namespace sparse24 {
 
-constexpr int kMaxDevices = 64;
+using detail::kMaxDevices;
+using detail::max_smem;
 constexpr int kMinTiles = 4;  // perf-log s3
-
-int max_smem(int device) {
-  static int cache[kMaxDevices] = {};
-  if (cache[device] == 0) {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
-    cache[device] = v;
-  }
-  return cache[device];
-}
 
 // Launch one configuration over `par` chunks side by side: every block the GPU holds at once, shared evenly by the
 // chunks (and capped so that two partial tiles per block fit the workspace).
@@ -43,8 +34,7 @@ cudaError_t launch(Params p, int par, int sms, int device, cudaStream_t stream) 
   if (blocks < par) blocks = par;
   p.blocks_per_chunk = static_cast<int>(blocks / par);
   if (p.blocks_per_chunk < 1) return cudaErrorInvalidConfiguration;
-  kernel<<<par * p.blocks_per_chunk, C::THREADS, C::SMEM, stream>>>(p);
-  return cudaGetLastError();
+  return detail::launch_kernel(kernel, par * p.blocks_per_chunk, C::THREADS, C::SMEM, device, stream, p);
 }
 
 struct Choice {

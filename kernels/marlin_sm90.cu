@@ -192,8 +192,8 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
 
   // --- main loop: the sm_80 kernel's, with the landed stage made visible to wgmma ----------------------------
   pipeline<C::STAGES, C::STAGE * 16>(
-      run, (smem_addr(smem) + 1023) & ~1023u, [&](uint32_t st) { loader.load(st); }, fence_proxy_async,
-      compute_stage, finish);
+      run, (smem_addr(smem) + 1023) & ~1023u, [&](int tiles) { loader.prefetch(tiles); },
+      [&](uint32_t st) { loader.load(st); }, fence_proxy_async, compute_stage, finish);
   wgmma_wait<0>();
 #endif
 }
@@ -207,8 +207,7 @@ cudaError_t launch_sm90(bool grouped, const Params& p, int grid, int device, cud
     if (err != cudaSuccess) return err;
     ready[grouped][device] = true;
   }
-  kernel<<<grid, Sm90Cfg::THREADS, Sm90Cfg::SMEM, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(kernel, grid, Sm90Cfg::THREADS, Sm90Cfg::SMEM, device, stream, p);
 }
 
 }  // namespace detail
