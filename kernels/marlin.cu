@@ -55,21 +55,18 @@ bool has_wgmma(int device) {
 #endif
 }
 
-// The tallest chunk (<= what m needs), widest strip (dividing n) and deepest ring that fit the shared memory.
+// The tallest chunk (<= what m needs) and widest strip (dividing n) that fit the shared memory. Two blocks per SM
+// (chunks of <= 32 rows) measured best with 4 stages each, one block with 8 (perf-log v3).
 bool choose(int m, int n, int smem_cap, Choice* out) {
   const int want_mb = m <= 16 ? 1 : m <= 32 ? 2 : m <= 48 ? 3 : 4;
   for (int mb = want_mb; mb >= 1; --mb) {
-    // Two blocks per SM (chunks of <= 32 rows) measured best with 4 stages each, one block with 8 (perf-log v3).
-    for (int i = 0; i < 2; ++i) {
-      const int stages = (mb <= 2) == (i == 0) ? 4 : 8;
-      for (int ns = mb <= 2 ? 2 : 4; ns >= 1; ns /= 2) {
-        if (n % (64 * ns)) continue;
-        const Choice c{mb, ns, stages};
-        const int smem = smem_of(c);
-        if (smem > 0 && smem <= smem_cap) {
-          *out = c;
-          return true;
-        }
+    for (int ns = mb <= 2 ? 2 : 4; ns >= 1; ns /= 2) {
+      if (n % (64 * ns)) continue;
+      const Choice c{mb, ns, mb <= 2 ? 4 : 8};
+      const int smem = smem_of(c);  // -1: not compiled (MARLIN_CONFIGS)
+      if (smem > 0 && smem <= smem_cap) {
+        *out = c;
+        return true;
       }
     }
   }
