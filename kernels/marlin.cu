@@ -134,6 +134,7 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
     p.c = static_cast<int4*>(g.c) + row0 * (g.n / 8);
     p.m = static_cast<int>(g.m - row0);
     const int grid = par * p.blocks_per_chunk;
+    p.early_dependents = grid >= g.sms * blocks_per_sm;
     const cudaError_t err = sm90 ? launch_sm90(grouped, p, grid, g.device, stream)
                                  : launch_choice(choice, grouped, p, grid, g.device, stream);
     if (err != cudaSuccess) return err;

@@ -34,6 +34,7 @@ cudaError_t launch(Params p, int par, int sms, int device, cudaStream_t stream) 
   if (blocks < par) blocks = par;
   p.blocks_per_chunk = static_cast<int>(blocks / par);
   if (p.blocks_per_chunk < 1) return cudaErrorInvalidConfiguration;
+  p.early_dependents = par * p.blocks_per_chunk >= sms * occupancy[device];
   return detail::launch_kernel(kernel, par * p.blocks_per_chunk, C::THREADS, C::SMEM, device, stream, p);
 }
 

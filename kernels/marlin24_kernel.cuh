@@ -104,6 +104,7 @@ struct Params {
   int n, k;
   int lg_group;   // log2(group size / 32); unused for one group
   int blocks_per_chunk;
+  bool early_dependents;  // as in the dense kernels' Params
 };
 
 // Column of `red` holding output column n of the block tile: within each 128-column warp strip, n = 16g + y sits at
@@ -185,17 +186,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 
   int ld_col = run.t_begin / k_tiles;
   int ld_kt = run.t_begin - ld_col * k_tiles;
-  // L2 requests for the weights, metadata and scales of the first `tiles` tiles: thread i takes k32 row i % KT of
-  // tile i / KT (and, below the stage's scale-row count, that scale row).
-  auto prefetch = [&](int tiles) {
-    if (tid >= tiles * C::KT) return;
-    const int row = tid % C::KT, t = run.t_begin + tid / C::KT;
-    const int col = t / k_tiles, kt = t - col * k_tiles;
-    const int64_t k32 = static_cast<int64_t>(kt) * C::KT + row;
-    detail::prefetch_l2(p.b + k32 * b_row + col * (C::W / 2), C::W * 8);
-    detail::prefetch_l2(p.meta + k32 * m_row + col * (C::W / 4), C::W * 4);
-    if (GROUPED && row < s_rows) detail::prefetch_l2(p.s + (kt * s_rows + row) * s_row + col * (C::W / 8), C::W * 2);
-  };
   auto load_stage = [&](int4* st) {
     int4* sa = st;
     int4* sb = sa + C::A_STAGE;
@@ -367,7 +357,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   const uint32_t ring = detail::smem_addr(smem);
   auto at = [&](uint32_t st) { return smem + (st - ring) / 16; };
   detail::pipeline<C::STAGES, C::STAGE * 16>(
-      run, ring, prefetch, [&](uint32_t st) { load_stage(at(st)); }, [] {},
+      run, ring, p.early_dependents, [&](uint32_t st) { load_stage(at(st)); }, [] {},
       [&](uint32_t st) { compute_stage(at(st)); }, finish);
 }
 

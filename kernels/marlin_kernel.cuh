@@ -70,9 +70,9 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Programmatic dependent launch (sm_90 and newer; no-ops before). The host launches every kernel with it, so a
-// kernel may start while the previous one in the stream drains: before grid_dependency_wait() returns it may only
-// read the weights and scales, which no kernel writes. allow_dependents() lets the next kernel launch; its blocks
-// take SMs as this kernel's blocks exit, and wait for this kernel's completion before touching anything it wrote.
+// kernel may be started while the previous one in the stream drains; grid_dependency_wait() returns once that one
+// has completed and its writes are visible, and nothing before it touches memory. allow_dependents() lets the next
+// kernel start; its blocks take SMs as this kernel's blocks exit.
 __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -81,13 +81,6 @@ __device__ __forceinline__ void grid_dependency_wait() {
 __device__ __forceinline__ void allow_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-// Asks L2 for `bytes` (a multiple of 16) from p, copying them nowhere (sm_90 and newer; a no-op before).
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
 
@@ -233,6 +226,7 @@ struct Params {
   int n, k;
   int lg_group;     // log2(group size / 16); unused for one group
   int blocks_per_chunk;
+  bool early_dependents;  // the grid takes every block slot: the next kernel may start at once (pipeline())
 };
 
 // log2(group / unit), the number of k tiles of `unit` rows that share one scale row as a power of two, for the
@@ -281,7 +275,7 @@ struct StageLoader {
   // Scales: the group rows a stage spans (one row when a group spans several stages), NS * 8 int4 each. The row of
   // the next stage is ld_g8 / 8 (ld_g8 counts group rows times 8, exact for any group).
   bool s_copy;
-  int s_thr, s_rows, s_stage_rows;
+  int s_thr, s_stage_rows;
   uint32_t s_dst;
   // Next tile to load: its column strip and k-tile, and the matching bases.
   int ld_col, ld_kt, ld_a, ld_g8;
@@ -303,7 +297,7 @@ struct StageLoader {
       a_rows = m_rows - r;
       a_dst = (r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
     }
-    s_rows = max(1, C::KT >> p.lg_group);
+    const int s_rows = max(1, C::KT >> p.lg_group);
     s_copy = GROUPED && tid < s_rows * C::NS * 8;
     s_thr = (tid / (C::NS * 8)) * s_row + tid % (C::NS * 8);
     s_stage_rows = (C::KT << 3) >> p.lg_group;
@@ -314,19 +308,6 @@ struct StageLoader {
     ld_a = ld_kt * C::A_CHUNKS;
     ld_s = s + ld_col * C::NS * 8 + s_thr;
     ld_g8 = ld_kt * s_stage_rows;
-  }
-
-  // Asks L2 for the weights (and group scales) of the next `tiles` tiles to load: thread i takes k16 row i % KT of
-  // tile i / KT (NS * 512 contiguous bytes) and, below the stage's scale-row count, that scale row.
-  __device__ __forceinline__ void prefetch(int tiles) const {
-    const int tid = threadIdx.x;
-    if (tid >= tiles * C::KT) return;
-    const int row = tid % C::KT, t = ld_col * k_tiles + ld_kt + tid / C::KT;
-    const int col = t / k_tiles, kt = t - col * k_tiles;
-    prefetch_l2(b + (static_cast<int64_t>(kt) * C::KT + row) * b_row + col * C::NS * 32, C::NS * 512);
-    if (GROUPED && row < s_rows) {
-      prefetch_l2(s + ((kt * s_stage_rows) / 8 + row) * s_row + col * C::NS * 8, C::NS * 128);
-    }
   }
 
   // Issues the copies of the next tile into the stage at shared-memory address st, then moves to the tile after.
@@ -474,18 +455,20 @@ __device__ __forceinline__ bool plan_run(int m, int n, int k, int rows, int cols
 }
 
 // The main loop: a STAGES-deep ring of stages at shared-memory addresses ring + i * STAGE_BYTES, one cp.async
-// commit per iteration (empty ones included). prefetch(tiles) asks L2 for the weights of the run's first tiles while
-// the previous kernel drains (allow_dependents above); load(st) issues the copies of the run's next tile into stage st;
+// commit per iteration (empty ones included). It starts with the programmatic-dependent-launch handshake: the next
+// kernel may start at once when this grid takes every block slot (`early_dependents`: its blocks then only get the
+// SMs this kernel's blocks leave; with slots free they would start beside this kernel's blocks, and some SMs would
+// later run two of them while others ran one: 7B layers with n = 4096 at m = 64, +18%), then the wait for the
+// previous kernel. load(st) issues the copies of the run's next tile into stage st;
 // ready() runs once the current stage has landed for this thread, before the block barrier; compute(st) consumes
 // it; finish(col, seg_begin, seg_end) ends the part of the run inside column strip col (at a strip's last tile and
 // at the run's last). One copy of the loop body: unrolling it over the ring (static slot addresses) made a 160 KB
 // kernel that ran out of the instruction cache (v1); the slot addresses are registers advanced once per stage.
-template <int STAGES, uint32_t STAGE_BYTES, class Prefetch, class Load, class Ready, class Compute, class Finish>
-__device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, Prefetch&& prefetch, Load&& load, Ready&& ready,
+template <int STAGES, uint32_t STAGE_BYTES, class Load, class Ready, class Compute, class Finish>
+__device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, bool early_dependents, Load&& load, Ready&& ready,
                                          Compute&& compute, Finish&& finish) {
   const uint32_t ring_end = ring + STAGES * STAGE_BYTES;
-  allow_dependents();
-  prefetch(min(STAGES - 1, r.n_iter));
+  if (early_dependents) allow_dependents();
   grid_dependency_wait();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -663,8 +646,7 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
 
   // --- main loop ---------------------------------------------------------------------------------------------
   pipeline<C::STAGES, C::STAGE * 16>(
-      run, smem_addr(smem), [&](int tiles) { loader.prefetch(tiles); }, [&](uint32_t st) { loader.load(st); }, [] {},
-      compute_stage, finish);
+      run, smem_addr(smem), p.early_dependents, [&](uint32_t st) { loader.load(st); }, [] {}, compute_stage, finish);
 }
 
 constexpr int kMaxDevices = 64;

@@ -192,8 +192,8 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
 
   // --- main loop: the sm_80 kernel's, with the landed stage made visible to wgmma ----------------------------
   pipeline<C::STAGES, C::STAGE * 16>(
-      run, (smem_addr(smem) + 1023) & ~1023u, [&](int tiles) { loader.prefetch(tiles); },
-      [&](uint32_t st) { loader.load(st); }, fence_proxy_async, compute_stage, finish);
+      run, (smem_addr(smem) + 1023) & ~1023u, p.early_dependents, [&](uint32_t st) { loader.load(st); },
+      fence_proxy_async, compute_stage, finish);
   wgmma_wait<0>();
 #endif
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import dequantize_gpu, random_operands, rel_error, unpack_weight_gpu
+from gpu_helpers import dequantize_gpu, poison, random_operands, random_operands24, rel_error, unpack_weight_gpu
 
 from marlin_cli.errors import ShapeError
 from marlin_cli.formats import marlin
@@ -105,6 +105,50 @@ def test_repeatable(m: int, k: int, n: int) -> None:
     for _ in range(3):
         _poison(m, n)
         assert torch.equal(ops.gemm(a, b, s), first)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("m", [1, 16, 64, 1100])
+def test_chained_layers_read_the_previous_output(m: int, graph: bool) -> None:
+    """Four layers back to back, each taking the previous one's output as its activations, dense and 2:4 in turn.
+
+    On the H200 every launch may start before the previous kernel has completed (programmatic dependent launch);
+    a read of A, or of the shared workspace, ahead of the kernel's wait would see the NaN poison, an empty graph
+    buffer or the previous run's counters. m = 1100 takes two launches per call (more than 16 chunks of 64 rows).
+    Scales are cut to 1/4 so the activations stay in fp16 range across the chain."""
+    shapes = ((4096, 12288), (12288, 4096), (4096, 12288), (12288, 4096))
+    layers, weights = [], []
+    for i, (k, n) in enumerate(shapes):
+        if i % 2 == 0:
+            _, b, s = random_operands(1, k, n, 128, seed=i)
+            layers.append(lambda a, b=b, s=s / 4: ops.gemm(a, b, s))
+            weights.append(dequantize_gpu(b, s / 4))
+        else:
+            _, b24, meta, s24 = random_operands24(1, k, n, 128, seed=i)
+            layers.append(lambda a, b24=b24, meta=meta, s24=s24 / 4: ops.gemm24(a, b24, meta, s24))
+            weights.append(reference.dequantize24(b24, meta, s24 / 4))
+    a = torch.randn(m, shapes[0][0], generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").half()
+
+    def chain() -> list[torch.Tensor]:
+        outs = [a]
+        for layer in layers:
+            outs.append(layer(outs[-1]))
+        return outs
+
+    for k, n in shapes:
+        poison(m, n)
+    if graph:
+        chain()  # builds and loads the kernels, sizes the workspace outside the capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs = chain()
+        g.replay()
+    else:
+        outs = chain()
+    torch.cuda.synchronize()
+    for i, w in enumerate(weights):
+        err = rel_error(outs[i + 1], outs[i].float() @ w)
+        assert err <= TOL, f"m={m} layer {i} ({'graph' if graph else 'eager'}): relative error {err:.2e} > {TOL}"
 
 
 @pytest.mark.parametrize(
