@@ -7,6 +7,10 @@ DESIGN.md 7): cuBLAS fp16, torch._weight_int4pack_mm, ours (dense), our speedup 
 memory-bound ideal (packed B + scales + A + C bytes over the measured bandwidth), then our 2:4 kernel on the same
 shapes and its speedups over our dense kernel and over cuBLAS. Weights are rotated over enough copies that every
 launch reads them from HBM rather than the 60 MB L2. Times are medians of CUDA-event timings.
+
+"ours" times launches back to back, so on the H200 each one starts while the previous drains (programmatic
+dependent launch; a kernel of a real model gets that only after a kernel that allows it). "alone" is our dense kernel
+after a one-element torch kernel that does not allow it, less that kernel's own time: what it costs in isolation.
 """
 
 from __future__ import annotations
@@ -108,7 +112,10 @@ def tinygemm_weights(k: int, n: int) -> tuple[list[torch.Tensor], torch.Tensor] 
     return [packed.clone() for _ in range(n_copies(k * n // 2))], scales_zeros
 
 
-def bench_layer(k: int, n: int, ms: list[int], reps: int, bw: float, only_ours: bool = False) -> list[dict]:
+def bench_layer(
+    k: int, n: int, ms: list[int], reps: int, bw: float, spacer: tuple[torch.Tensor, float], only_ours: bool = False
+) -> list[dict]:
+    """spacer: a one-element tensor whose add_ goes before each launch in the "alone" timing, and that add's time."""
     dev = "cuda"
     b_bytes = k * n // 2
     s_bytes = (k // GROUP) * n * 2
@@ -136,6 +143,7 @@ def bench_layer(k: int, n: int, ms: list[int], reps: int, bw: float, only_ours: 
             float("nan") if only_ours else time_ms(lambda i, a=a: torch.nn.functional.linear(a, ws[i]), copies_h, reps)
         )
         t_ours = time_ms(lambda i, a=a: ops.gemm(a, bs[i], ss[i]), copies_q, reps)
+        t_alone = time_ms(lambda i, a=a: (spacer[0].add_(1.0), ops.gemm(a, bs[i], ss[i])), copies_q, reps) - spacer[1]
         t_24 = time_ms(lambda i, a=a: ops.gemm24(a, b24s[i], metas[i], s24s[i]), copies_24, reps)
         t_tiny = None
         if tiny is not None:
@@ -149,7 +157,17 @@ def bench_layer(k: int, n: int, ms: list[int], reps: int, bw: float, only_ours: 
                 tiny = None
         ideal = (b_bytes + s_bytes + 2 * m * k + 2 * m * n) / bw * 1e3
         rows.append(
-            {"k": k, "n": n, "m": m, "cublas": t_cublas, "tiny": t_tiny, "ours": t_ours, "ideal": ideal, "24": t_24}
+            {
+                "k": k,
+                "n": n,
+                "m": m,
+                "cublas": t_cublas,
+                "tiny": t_tiny,
+                "ours": t_ours,
+                "alone": t_alone,
+                "ideal": ideal,
+                "24": t_24,
+            }
         )
     return rows
 
@@ -177,37 +195,42 @@ def main() -> None:
         torch.zeros(8, 128, dtype=torch.int32, device="cuda"),
         torch.ones(1, 64, dtype=torch.float16, device="cuda"),
     )  # build and load before timing
+    x = torch.zeros(1, device="cuda")
+    spacer = (x, time_ms(lambda i: x.add_(1.0), 1, args.reps))
     header = (
-        f"{'set':>5} {'K':>6} {'N':>6} {'M':>4} {'cuBLAS us':>9} {'int4mm us':>9} {'ours us':>8} "
+        f"{'set':>5} {'K':>6} {'N':>6} {'M':>4} {'cuBLAS us':>9} {'int4mm us':>9} {'ours us':>8} {'alone us':>8} "
         f"{'ideal us':>8} {'speedup':>7} {'%ideal':>6} {'2:4 us':>8} {'/dense':>6} {'/cuBLAS':>7}"
     )
     summary = []
     for name in args.sets.split(","):
         rows = []
         for k, n in SETS[name]:
-            rows += bench_layer(k, n, ms, args.reps, bw, args.only_ours)
+            rows += bench_layer(k, n, ms, args.reps, bw, spacer, args.only_ours)
         print(header)
         for r in rows:
             print(
                 f"{name:>5} {r['k']:>6} {r['n']:>6} {r['m']:>4} {fmt_us(r['cublas']):>9} {fmt_us(r['tiny']):>9} "
-                f"{fmt_us(r['ours']):>8} {fmt_us(r['ideal']):>8} {r['cublas'] / r['ours']:>6.2f}x "
+                f"{fmt_us(r['ours']):>8} {fmt_us(r['alone']):>8} {fmt_us(r['ideal']):>8} "
+                f"{r['cublas'] / r['ours']:>6.2f}x "
                 f"{100 * r['ideal'] / r['ours']:>5.0f}% {fmt_us(r['24'])} {r['ours'] / r['24']:>5.2f}x "
                 f"{r['cublas'] / r['24']:>6.2f}x",
                 flush=True,
             )
         for m in ms:
             sel = [r for r in rows if r["m"] == m]
-            tot = {key: sum(r[key] for r in sel) for key in ("cublas", "ours", "ideal", "24")}
+            tot = {key: sum(r[key] for r in sel) for key in ("cublas", "ours", "alone", "ideal", "24")}
             tiny = None if any(r["tiny"] is None for r in sel) else sum(r["tiny"] for r in sel)
             summary.append((name, m, tot, tiny))
     print("\nsums over each set's four layers (us), as in DESIGN.md 7")
     print(
-        f"{'set':>5} {'M':>4} {'cuBLAS':>8} {'int4mm':>8} {'ours':>8} {'ideal':>8} {'speedup':>7} {'%ideal':>6} "
+        f"{'set':>5} {'M':>4} {'cuBLAS':>8} {'int4mm':>8} {'ours':>8} {'alone':>8} {'ideal':>8} {'speedup':>7} "
+        f"{'%ideal':>6} "
         f"{'2:4':>8} {'/dense':>6} {'/cuBLAS':>7}"
     )
     for name, m, tot, tiny in summary:
         print(
-            f"{name:>5} {m:>4} {fmt_us(tot['cublas'])} {fmt_us(tiny)} {fmt_us(tot['ours'])} {fmt_us(tot['ideal'])} "
+            f"{name:>5} {m:>4} {fmt_us(tot['cublas'])} {fmt_us(tiny)} {fmt_us(tot['ours'])} {fmt_us(tot['alone'])} "
+            f"{fmt_us(tot['ideal'])} "
             f"{tot['cublas'] / tot['ours']:>6.2f}x {100 * tot['ideal'] / tot['ours']:>5.0f}% {fmt_us(tot['24'])} "
             f"{tot['ours'] / tot['24']:>5.2f}x {tot['cublas'] / tot['24']:>6.2f}x"
         )
