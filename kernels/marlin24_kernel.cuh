@@ -92,19 +92,9 @@ struct Words {
   __device__ uint32_t operator[](int i) const { return w[i]; }
 };
 
-struct Params {
-  const int4* a;  // first row of this launch's chunks
-  const int4* b;
+// The dense kernels' parameters (b: the kept codes) and the metadata.
+struct Params : detail::Params {
   const int4* meta;
-  const int4* s;
-  int4* c;        // first row of this launch's chunks
-  int* counters;
-  float* partials;
-  int m;          // rows left from this launch's first row
-  int n, k;
-  int lg_group;   // log2(group size / 32); unused for one group
-  int blocks_per_chunk;
-  bool early_dependents;  // as in the dense kernels' Params
 };
 
 // Column of `red` holding output column n of the block tile: within each 128-column warp strip, n = 16g + y sits at
