@@ -135,7 +135,7 @@ def test_chained_layers_read_the_previous_output(m: int, graph: bool) -> None:
             outs.append(layer(outs[-1]))
         return outs
 
-    for k, n in shapes:
+    for _, n in shapes:
         poison(m, n)
     if graph:
         chain()  # builds and loads the kernels, sizes the workspace outside the capture
