@@ -77,15 +77,11 @@ bool choose(int m, int n, int smem_cap, Choice* out) {
 
 cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
   using namespace detail;
-  if (g.m < 1 || g.k % 128 || g.n % 64 || g.k <= 0 || g.n <= 0 || g.groups < 1 || g.sms < 1) {
-    return cudaErrorInvalidValue;
-  }
-  if (g.device < 0 || g.device >= kMaxDevices || g.workspace_len < workspace_ints(g.sms)) return cudaErrorInvalidValue;
+  int lg_group = 0;
+  if (const cudaError_t err = check_args(g, 64, 16, &lg_group); err != cudaSuccess) return err;
   const bool grouped = g.groups > 1;
-  const int lg_group = grouped ? detail::group_lg(g.k, g.groups, 16) : 0;
-  if (lg_group < 0) return cudaErrorInvalidValue;
 
-  const int4* a = static_cast<const int4*>(g.a);
+  const void* a = g.a;
   if (g.perm != nullptr) {
     const int64_t groups8 = static_cast<int64_t>(g.m) * (g.k / 8);
     const int threads = 256;
@@ -93,7 +89,7 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
         static_cast<const __half*>(g.a), g.perm, static_cast<__half*>(g.a_perm), g.m, g.k);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    a = static_cast<const int4*>(g.a_perm);
+    a = g.a_perm;
   }
 
   // m > 32 on an sm_90a build and a Hopper GPU: the wgmma kernel (64-row chunks, 256-column strips); otherwise the
@@ -102,24 +98,11 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
   Choice choice{};
   if (!sm90 && !choose(g.m, g.n, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
   const int rows = sm90 ? Sm90Cfg::R : 16 * choice.mb;
-  const int chunks = (g.m + rows - 1) / rows;
-  // Chunks side by side, each with its own share of the SMs; at most 16 at once keeps every chunk group at
-  // 8 or more blocks and the counters within kCounterInts.
-  const int max_par = g.sms >= 16 ? 16 : g.sms;
   const int blocks_per_sm = sm90 || choice.mb <= 2 ? kMaxBlocksPerSm : 1;
   const int n_cols = g.n / (sm90 ? Sm90Cfg::W : 64 * choice.ns);
 
   Params p;
-  p.b = static_cast<const int4*>(g.b);
-  p.s = static_cast<const int4*>(g.s);
-  p.counters = g.workspace;
-  p.partials = reinterpret_cast<float*>(g.workspace + kCounterInts);
-  p.n = g.n;
-  p.k = g.k;
-  p.lg_group = lg_group;
-  for (int c0 = 0; c0 < chunks; c0 += max_par) {
-    const int par = chunks - c0 < max_par ? chunks - c0 : max_par;
-    if (static_cast<int64_t>(par) * n_cols > kCounterInts) return cudaErrorInvalidValue;
+  return run_chunk_groups(p, g, a, lg_group, rows, n_cols, [&](int par) {
     p.blocks_per_chunk = g.sms * blocks_per_sm / par;
     if (sm90) {
       // At most kSm90Parts parts per column strip: a 64 x 256 fp32 partial is 64 KB, as much as 8 tiles of weights,
@@ -129,17 +112,11 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
       const int blocks = (n_cols * k_tiles + min_iters - 1) / min_iters;
       if (blocks < p.blocks_per_chunk) p.blocks_per_chunk = blocks;
     }
-    const int64_t row0 = static_cast<int64_t>(c0) * rows;
-    p.a = a + row0 * (g.k / 8);
-    p.c = static_cast<int4*>(g.c) + row0 * (g.n / 8);
-    p.m = static_cast<int>(g.m - row0);
     const int grid = par * p.blocks_per_chunk;
     p.early_dependents = grid >= g.sms * blocks_per_sm;
-    const cudaError_t err = sm90 ? launch_sm90(grouped, p, grid, g.device, stream)
-                                 : launch_choice(choice, grouped, p, grid, g.device, stream);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+    return sm90 ? launch_sm90(grouped, p, grid, g.device, stream)
+                : launch_choice(choice, grouped, p, grid, g.device, stream);
+  });
 }
 
 }  // namespace marlin_cli

@@ -93,41 +93,18 @@ bool choose(int m, int n, int k, int smem_cap, Choice* out) {
 
 cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   using namespace sparse24;
-  if (g.m < 1 || g.k <= 0 || g.n <= 0 || g.k % 128 || g.n % 128 || g.groups < 1 || g.sms < 1) {
-    return cudaErrorInvalidValue;
-  }
-  if (g.device < 0 || g.device >= kMaxDevices || g.workspace_len < workspace_ints(g.sms)) return cudaErrorInvalidValue;
+  int lg_group = 0;
+  if (const cudaError_t err = detail::check_args(g, 128, 32, &lg_group); err != cudaSuccess) return err;
   const bool grouped = g.groups > 1;
-  const int lg_group = grouped ? detail::group_lg(g.k, g.groups, 32) : 0;
-  if (lg_group < 0) return cudaErrorInvalidValue;
 
   Choice choice;
   if (!choose(g.m, g.n, g.k, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
-  const int rows = 8 * choice.tt;
-  const int chunks = (g.m + rows - 1) / rows;
-  const int max_par = g.sms >= 16 ? 16 : g.sms;  // chunks side by side: each group keeps >= 8 blocks on the H200
   const int n_cols = g.n / (128 * choice.ns);
-
   Params p;
-  p.b = static_cast<const int4*>(g.b);
   p.meta = static_cast<const int4*>(g.meta);
-  p.s = static_cast<const int4*>(g.s);
-  p.counters = g.workspace;
-  p.partials = reinterpret_cast<float*>(g.workspace + kCounterInts);
-  p.n = g.n;
-  p.k = g.k;
-  p.lg_group = lg_group;
-  for (int c0 = 0; c0 < chunks; c0 += max_par) {
-    const int par = chunks - c0 < max_par ? chunks - c0 : max_par;
-    if (static_cast<int64_t>(par) * n_cols > kCounterInts) return cudaErrorInvalidValue;
-    const int64_t row0 = static_cast<int64_t>(c0) * rows;
-    p.a = static_cast<const int4*>(g.a) + row0 * (g.k / 8);
-    p.c = static_cast<int4*>(g.c) + row0 * (g.n / 8);
-    p.m = static_cast<int>(g.m - row0);
-    const cudaError_t err = launch_choice(choice, grouped, p, par, g.sms, g.device, stream);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  return detail::run_chunk_groups(p, g, g.a, lg_group, 8 * choice.tt, n_cols, [&](int par) {
+    return launch_choice(choice, grouped, p, par, g.sms, g.device, stream);
+  });
 }
 
 }  // namespace marlin_cli

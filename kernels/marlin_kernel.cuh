@@ -682,6 +682,46 @@ cudaError_t launch_kernel(void (*kernel)(P), int grid, int threads, int smem, in
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
+// The checks both products make before any launch (k % 128, n % n_multiple, the device, the workspace); sets
+// lg_group from the group count (unit: depth of a k tile, 16 dense, 32 for 2:4).
+template <class Args>
+cudaError_t check_args(const Args& g, int n_multiple, int unit, int* lg_group) {
+  if (g.m < 1 || g.k <= 0 || g.n <= 0 || g.k % 128 || g.n % n_multiple || g.groups < 1 || g.sms < 1) {
+    return cudaErrorInvalidValue;
+  }
+  if (g.device < 0 || g.device >= kMaxDevices || g.workspace_len < workspace_ints(g.sms)) return cudaErrorInvalidValue;
+  *lg_group = g.groups > 1 ? group_lg(g.k, g.groups, unit) : 0;
+  return *lg_group < 0 ? cudaErrorInvalidValue : cudaSuccess;
+}
+
+// The host loop all products share. m is cut into chunks of `rows` rows, and up to 16 chunks run side by side in one
+// launch, each with its own share of the SMs (at most 16 keeps every chunk group at 8 or more blocks on the H200 and
+// its counters, par * n_cols, within kCounterInts). Fills p's operand fields from g (the caller sets any others) and
+// p.a, p.c, p.m per launch; launch(par) starts one group of par chunks.
+template <class P, class Args, class Launch>
+cudaError_t run_chunk_groups(P& p, const Args& g, const void* a, int lg_group, int rows, int n_cols, Launch&& launch) {
+  p.b = static_cast<const int4*>(g.b);
+  p.s = static_cast<const int4*>(g.s);
+  p.counters = g.workspace;
+  p.partials = reinterpret_cast<float*>(g.workspace + kCounterInts);
+  p.n = g.n;
+  p.k = g.k;
+  p.lg_group = lg_group;
+  const int chunks = (g.m + rows - 1) / rows;
+  const int max_par = g.sms >= 16 ? 16 : g.sms;
+  for (int c0 = 0; c0 < chunks; c0 += max_par) {
+    const int par = chunks - c0 < max_par ? chunks - c0 : max_par;
+    if (static_cast<int64_t>(par) * n_cols > kCounterInts) return cudaErrorInvalidValue;
+    const int64_t row0 = static_cast<int64_t>(c0) * rows;
+    p.a = static_cast<const int4*>(a) + row0 * (g.k / 8);
+    p.c = static_cast<int4*>(g.c) + row0 * (g.n / 8);
+    p.m = static_cast<int>(g.m - row0);
+    const cudaError_t err = launch(par);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 template <class C, bool GROUPED>
 cudaError_t launch(const Params& p, int grid, int device, cudaStream_t stream) {
   static bool ready[kMaxDevices] = {};  // the opt-in shared-memory size is set once per device
