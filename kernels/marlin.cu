@@ -26,8 +26,8 @@ __global__ void gather_columns(const __half* __restrict__ a, const int* __restri
 // ---------------------------------------------------------------------------------------------------------------
 
 int smem_of(const Choice& c) {
-#define MARLIN_SMEM(MB, NS, ST) \
-  if (c.mb == MB && c.ns == NS && c.stages == ST) return CfgFor<MB, NS, ST>::SMEM;
+#define MARLIN_SMEM(ROWS, NS, ST) \
+  if (c.rows == ROWS && c.ns == NS && c.stages == ST) return CfgFor<ROWS, NS, ST>::SMEM;
   MARLIN_CONFIGS(MARLIN_SMEM)
 #undef MARLIN_SMEM
   return -1;
@@ -35,7 +35,7 @@ int smem_of(const Choice& c) {
 
 cudaError_t launch_choice(const Choice& c, bool grouped, const Params& p, int grid, int device,
                           cudaStream_t stream) {
-  switch (c.mb) {
+  switch ((c.rows + 15) / 16) {
     case 1: return launch_mb1(c, grouped, p, grid, device, stream);
     case 2: return launch_mb2(c, grouped, p, grid, device, stream);
     case 3: return launch_mb3(c, grouped, p, grid, device, stream);
@@ -58,11 +58,14 @@ bool has_wgmma(int device) {
 // The tallest chunk (<= what m needs) and widest strip (dividing n) that fit the shared memory. Two blocks per SM
 // (chunks of <= 32 rows) measured best with 4 stages each, one block with 8 (perf-log v3).
 bool choose(int m, int n, int smem_cap, Choice* out) {
-  const int want_mb = m <= 16 ? 1 : m <= 32 ? 2 : m <= 48 ? 3 : 4;
-  for (int mb = want_mb; mb >= 1; --mb) {
-    for (int ns = mb <= 2 ? 2 : 4; ns >= 1; ns /= 2) {
+  constexpr int kRows[] = {8, 16, 32, 48, 64};
+  int want = 0;
+  while (want < 4 && kRows[want] < m) ++want;
+  for (int h = want; h >= 0; --h) {
+    const int rows = kRows[h];
+    for (int ns = rows <= 32 ? 2 : 4; ns >= 1; ns /= 2) {
       if (n % (64 * ns)) continue;
-      const Choice c{mb, ns, mb <= 2 ? 4 : 8};
+      const Choice c{rows, ns, rows <= 32 ? 4 : 8};
       const int smem = smem_of(c);  // -1: not compiled (MARLIN_CONFIGS)
       if (smem > 0 && smem <= smem_cap) {
         *out = c;
@@ -97,8 +100,8 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
   const bool sm90 = g.m > 32 && g.n % Sm90Cfg::W == 0 && has_wgmma(g.device);
   Choice choice{};
   if (!sm90 && !choose(g.m, g.n, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
-  const int rows = sm90 ? Sm90Cfg::R : 16 * choice.mb;
-  const int blocks_per_sm = sm90 || choice.mb <= 2 ? kMaxBlocksPerSm : 1;
+  const int rows = sm90 ? Sm90Cfg::R : choice.rows;
+  const int blocks_per_sm = sm90 || choice.rows <= 32 ? kMaxBlocksPerSm : 1;
   const int n_cols = g.n / (sm90 ? Sm90Cfg::W : 64 * choice.ns);
 
   Params p;

@@ -13,7 +13,7 @@
 // - A block's run covers a whole column strip (written straight to C) or part of one. Parts are combined without
 //   waiting: each part stores its fp32 partial tile in the workspace and bumps a counter; the block that completes
 //   the count adds the parts in block order (fixed, so the output is bit-reproducible) and writes C.
-// - m is handled in chunks of 16 * MB rows (MB <= 4); several chunks run side by side as groups of blocks, and each
+// - m is handled in chunks of 8, 16, 32, 48 or 64 rows; several chunks run side by side as groups of blocks, and each
 //   group re-reads the weights, mostly from L2 since the groups walk the same tiles at the same time.
 // - Inside a block: 8 warps = NS column warps (64 columns each) x NK k warps; the k warps of a strip split every
 //   k-tile between them and their partial sums are added in shared memory at the end of a run.
@@ -97,6 +97,11 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
+// Two 8x8 fp16 matrices (addresses from lanes 0-15): the B operand of one m16n8k16 mma.
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
 // 16 bytes from a shared-memory address.
 __device__ __forceinline__ int4 lds128(uint32_t addr) {
   int4 v;
@@ -136,25 +141,35 @@ __device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
   return r;
 }
 
-// One packed int32 -> the B fragments of two n8 sub-tiles (DESIGN.md 3.1 step 2: nibbles 0,4 = k rows 0,1 and
-// nibbles 1,5 = k rows 8,9 of sub-tile 0; nibbles 2,6 and 3,7 the same for sub-tile 1).
-// A nibble OR-ed into the mantissa of fp16 1024.0 (0x6400) reads as 1024 + q, so one subtract of 1032 gives q - 8.
-// The nibble four bits higher reads as 1024 + 16q: multiply by 1/16 and add -72 (= -(64 + 8)) in one fma.
-// Every intermediate is an integer below 2048 or an exact power-of-two multiple, so the result is exact.
-__device__ __forceinline__ void dequant(uint32_t q, uint32_t (&f0)[2], uint32_t (&f1)[2]) {
-  constexpr uint32_t kLo = 0x000f000f, kHi = 0x00f000f0, kExp = 0x64006400;
-  constexpr uint32_t kSub = 0x64086408;  // fp16x2 1032
-  constexpr uint32_t kMul = 0x2c002c00;  // fp16x2 1/16
-  constexpr uint32_t kAdd = 0xd480d480;  // fp16x2 -72
-  const uint32_t lo0 = and_or<kLo, kExp>(q);
-  const uint32_t hi0 = and_or<kHi, kExp>(q);
+// One packed int32 holds the weights of one lane in two n8 sub-tiles (DESIGN.md 3.1 step 2): nibbles 0,4 = k rows
+// 0,1 and nibbles 1,5 = k rows 8,9 of sub-tile 0; nibbles 2,6 and 3,7 the same for sub-tile 1. A low nibble OR-ed
+// into the mantissa of fp16 1024.0 (0x6400, unit 1) reads as 1024 + q, a high one (four bits up) OR-ed into 64.0
+// (0x5400, unit 1/16) as 64 + q: `lo0, hi0` are sub-tile 0's k rows (0,1) and (8,9), `lo1, hi1` sub-tile 1's, each
+// still carrying that offset.
+struct Nibbles {
+  uint32_t lo0, hi0, lo1, hi1;
+};
+__device__ __forceinline__ Nibbles nibbles(uint32_t q) {
+  constexpr uint32_t kLo = 0x000f000f, kHi = 0x00f000f0, kLoExp = 0x64006400, kHiExp = 0x54005400;
+  Nibbles r;
+  r.lo0 = and_or<kLo, kLoExp>(q);
+  r.hi0 = and_or<kHi, kHiExp>(q);
   q >>= 8;
-  const uint32_t lo1 = and_or<kLo, kExp>(q);
-  const uint32_t hi1 = and_or<kHi, kExp>(q);
-  f0[0] = hsub2(lo0, kSub);
-  f0[1] = hfma2(hi0, kMul, kAdd);
-  f1[0] = hsub2(lo1, kSub);
-  f1[1] = hfma2(hi1, kMul, kAdd);
+  r.lo1 = and_or<kLo, kLoExp>(q);
+  r.hi1 = and_or<kHi, kHiExp>(q);
+  return r;
+}
+
+// One packed int32 -> the B fragments of two n8 sub-tiles with values q - 8: subtract 1032 from a low nibble's
+// word and 72 from a high one's. Both operands and the difference are exact in fp16, so the result is exact.
+__device__ __forceinline__ void dequant(uint32_t q, uint32_t (&f0)[2], uint32_t (&f1)[2]) {
+  constexpr uint32_t kLoSub = 0x64086408;  // fp16x2 1032
+  constexpr uint32_t kHiSub = 0x54805480;  // fp16x2 72
+  const Nibbles v = nibbles(q);
+  f0[0] = hsub2(v.lo0, kLoSub);
+  f0[1] = hsub2(v.hi0, kHiSub);
+  f1[0] = hsub2(v.lo1, kLoSub);
+  f1[1] = hsub2(v.hi1, kHiSub);
 }
 
 // Broadcast the low / high fp16 of a word to both halves. Written as a PTX move (not a byte permute) so that ptxas
@@ -187,16 +202,25 @@ __device__ __forceinline__ void dequant_scaled(uint32_t q, uint32_t s, uint32_t 
 // Kernel configuration
 // ---------------------------------------------------------------------------------------------------------------
 
-template <int MB_, int NS_, int KT_, int STAGES_>
+// Chunks of 8 rows are computed transposed, C^T = W^T A^T (TRANS): a 16 x 16 weight tile is the mma's A operand and
+// the 8 rows of activations its B operand, half the tensor work of a 16-row tile; the weights enter the mma still
+// offset (1024 + q, see Nibbles), one mma of a constant tile per k16 tile subtracts the offsets of all columns at
+// once, and the group scales multiply the fp32 sums of each pair of k16 tiles. Per 64 weights a lane handles that
+// takes the instructions that dequantize, scale and multiply from 125 to 79. Taller chunks use m16 tiles of A
+// and scale the dequantized weights: there the same per-weight work is shared by more rows, and the transposed
+// form measured slower at 16 rows (perf-log t1).
+template <int ROWS_, int NS_, int KT_, int STAGES_>
 struct Cfg {
-  static constexpr int MB = MB_;          // m16 tiles per chunk (chunk = 16 * MB rows of A and C)
+  static constexpr int R = ROWS_;         // rows of the A / C tile (one chunk of m)
   static constexpr int NS = NS_;          // 64-column strips per block tile
   static constexpr int KT = KT_;          // k16 tiles per pipeline stage
   static constexpr int STAGES = STAGES_;  // depth of the cp.async ring
   static constexpr int THREADS = kThreads;
   static constexpr int NK = kWarps / NS;  // warps sharing one strip (they split each stage's k16 tiles)
   static constexpr int KQ = KT / NK;      // k16 tiles per warp per stage
-  static constexpr int R = 16 * MB;       // rows of the A / C tile
+  static constexpr bool TRANS = R == 8;
+  static constexpr int TILES = TRANS ? 1 : R / 16;  // m16 row tiles (TRANS: one n8 tile)
+  static constexpr int SUB = TRANS ? 4 : 8;  // accumulator tiles per row tile: 16 x 8 (TRANS) or 8 x 16 per 64 columns
   static constexpr int W = 64 * NS;       // columns of the block tile
   static constexpr int A_CHUNKS = 2 * KT;  // 16-byte chunks per A row per stage
   static constexpr int A_STAGE = R * A_CHUNKS;   // int4 per stage
@@ -204,14 +228,17 @@ struct Cfg {
   static constexpr int S_ROWS = KT / 2;          // most scale rows one stage can span (group size 32)
   static constexpr int S_STAGE = S_ROWS * NS * 8;  // int4 per stage
   static constexpr int STAGE = A_STAGE + B_STAGE + S_STAGE;
-  static constexpr int RED_STRIDE = W + 8;  // floats; + 8 makes a row start 8 banks later: float2 stores conflict-free
+  // floats per row of the reduction tile; the pad makes the k warps' stores conflict-free: float2 stores of rows g
+  // (+ 8 banks per row), or in TRANS scalar stores of rows 2t (+ 4 banks per row)
+  static constexpr int RED_STRIDE = W + (TRANS ? 4 : 8);
   static constexpr int RED = R * RED_STRIDE;  // floats
   static constexpr int SMEM = STAGES * STAGE * 16 + RED * 4;
   // Short chunks fit two blocks per SM (<= 128 registers): the second block computes while the first waits at its
   // per-stage barrier, which a single block of 8 warps cannot hide.
-  static constexpr int MIN_BLOCKS = MB <= 2 ? 2 : 1;
+  static constexpr int MIN_BLOCKS = R <= 32 ? 2 : 1;
   static_assert(NK * NS == kWarps, "warps must tile the block");
   static_assert(KQ * NK == KT, "k warps must split a stage evenly");
+  static_assert(TRANS || R % 16 == 0, "whole row tiles");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 
@@ -529,55 +556,109 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   StageLoader<C, GROUPED> loader(p, a_g, m_rows, run.t_begin, k_tiles);
 
   // --- per-thread shared-memory byte offsets within a stage, fixed for the whole kernel ------------------------
-  // ldmatrix.x4 for an m16k16 A fragment: lanes 0-15 give rows 0-15 at k 0-7, lanes 16-31 rows 0-15 at k 8-15.
+  // A fragments of the warp's k16 tile q. m16 tiles (ldmatrix.x4, mma operand A): lanes 0-15 address rows 0-15 at
+  // k 0-7, lanes 16-31 rows 0-15 at k 8-15. TRANS (ldmatrix.x2, operand B): lanes 0-7 rows 0-7 at k 0-7, lanes 8-15
+  // rows 0-7 at k 8-15 (lanes 16-31 repeat them; x2 ignores their addresses).
   uint32_t a_off[C::KQ];
 #pragma unroll
   for (int q = 0; q < C::KQ; ++q) {
-    const int r = lane % 16;
-    const int j = 2 * (k_warp * C::KQ + q) + lane / 16;
+    const int r = C::TRANS ? lane % 8 : lane % 16;
+    const int j = 2 * (k_warp * C::KQ + q) + (C::TRANS ? (lane / 8) % 2 : lane / 16);
     a_off[q] = (r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
   }
+  constexpr uint32_t a_tile = 16 * C::A_CHUNKS * 16;  // bytes from one m16 row tile to the next
   const uint32_t b_off = (C::A_STAGE + (k_warp * C::KQ * C::NS + n_warp) * 32 + lane) * 16;
-  // Grouped scales: 8 fp16 per lane = the scales of its column in the strip's eight n8 sub-tiles (3.1 step 4). A
-  // warp's KQ <= 2 k16 tiles start at a multiple of KQ and the smallest group is two k16 tiles, so they share one
-  // group row: one load per stage.
-  static_assert(C::KQ <= 2, "a warp's k16 tiles of a stage must share one group (32 rows)");
-  const uint32_t s_off =
-      (C::A_STAGE + C::B_STAGE + ((k_warp * C::KQ) >> p.lg_group) * C::NS * 8 + n_warp * 8 + lane / 4) * 16;
+  // Grouped scales: 8 fp16 per lane = the scales of its column in the strip's eight n8 sub-tiles (3.1 step 4). The
+  // smallest group is two k16 tiles and a warp's tiles of a stage start at a multiple of KQ, so each aligned pair
+  // shares one group row: one load per pair (TRANS), or per stage where a warp has at most two tiles.
+  static_assert(C::TRANS || C::KQ <= 2, "a warp's k16 tiles of a stage must share one group (32 rows)");
+  constexpr int PAIR = C::KQ < 2 ? C::KQ : 2;
+  uint32_t s_off[C::KQ / PAIR];
+#pragma unroll
+  for (int pp = 0; pp < C::KQ / PAIR; ++pp) {
+    const int row = (k_warp * C::KQ + pp * PAIR) >> p.lg_group;
+    s_off[pp] = (C::A_STAGE + C::B_STAGE + row * C::NS * 8 + n_warp * 8 + lane / 4) * 16;
+  }
 
-  // MB x 8 n8 sub-tiles x 4: independent accumulator chains, one per mma; zeroed at the start of every run.
-  float acc[C::MB][8][4];
+  // TILES row tiles x SUB accumulator tiles x 4: independent chains, one per mma; zeroed at the start of every run.
+  // Element e of tile (i, j) of lane (g, t) (g = lane / 4, t = lane % 4) is, in the warp's 64 columns:
+  //   m16 tiles: row 16i + g (+ 8 for e >= 2), column 8j + 2t + e % 2 (j: n8 sub-tile);
+  //   TRANS:     row 2t + e % 2, column 16j + g (+ 8 for e >= 2) (j: 16x16 weight tile = sub-tiles 2j, 2j + 1).
+  float acc[C::TILES][C::SUB][4];
   auto zero_acc = [&] {
 #pragma unroll
-    for (int i = 0; i < C::MB; ++i)
+    for (int i = 0; i < C::TILES; ++i)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < C::SUB; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
   };
   zero_acc();
 
-  auto compute_stage = [&](uint32_t st) {
+  // The scales of one pair of k16 tiles (per-channel: none), as the four words a lane needs.
+  auto scale_words = [&](uint32_t st, int pp, uint32_t (&sw)[4]) {
     int4 sc = make_int4(0, 0, 0, 0);
-    if (GROUPED) sc = lds128(st + s_off);
-    const uint32_t sw[4] = {static_cast<uint32_t>(sc.x), static_cast<uint32_t>(sc.y),
-                            static_cast<uint32_t>(sc.z), static_cast<uint32_t>(sc.w)};
+    if (GROUPED) sc = lds128(st + s_off[pp]);
+    sw[0] = sc.x, sw[1] = sc.y, sw[2] = sc.z, sw[3] = sc.w;
+  };
+
+  auto compute_stage = [&](uint32_t st) {
+    if constexpr (C::TRANS) {
+      // Each mma sums (1024 + q) a over a tile's k rows 0-7 and (64 + q) a over rows 8-15 (Nibbles); starting the
+      // sums from a constant tile's product (-1032 on rows 0-7, -72 on rows 8-15) leaves (q - 8) a. The fp16 products
+      // are exact; the fp32 sums are up to ~1000 times the result, which costs ~10 of fp32's 24 bits.
+      constexpr uint32_t kOffset[4] = {0xe408e408, 0xe408e408, 0xd480d480, 0xd480d480};  // -1032, -72
 #pragma unroll
-    for (int q = 0; q < C::KQ; ++q) {
-      uint32_t a[C::MB][4];
+      for (int pp = 0; pp < C::KQ / PAIR; ++pp) {
+        uint32_t sw[4];
+        scale_words(st, pp, sw);
+        uint32_t bf[PAIR][2], bw[PAIR][4];
+        float base[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int i = 0; i < C::MB; ++i) ldmatrix_x4(a[i], st + a_off[q] + i * 16 * C::A_CHUNKS * 16);
-      const int4 bq = lds128(st + b_off + q * C::NS * 32 * 16);
-      const uint32_t bw[4] = {static_cast<uint32_t>(bq.x), static_cast<uint32_t>(bq.y),
-                              static_cast<uint32_t>(bq.z), static_cast<uint32_t>(bq.w)};
+        for (int h = 0; h < PAIR; ++h) {
+          const int q = pp * PAIR + h;
+          ldmatrix_x2(bf[h], st + a_off[q]);
+          mma_16816(kOffset, bf[h], base);
+          const int4 v = lds128(st + b_off + q * C::NS * 32 * 16);
+          bw[h][0] = v.x, bw[h][1] = v.y, bw[h][2] = v.z, bw[h][3] = v.w;
+        }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {  // the four 16x16 tiles of the strip: n8 sub-tiles 2j and 2j + 1
-        uint32_t f0[2], f1[2];
-        dequant_scaled<GROUPED>(bw[j], sw[j], f0, f1);
+        for (int j = 0; j < 4; ++j) {  // weight tile j: sub-tile 2j in its rows 0-7, 2j + 1 in rows 8-15
+          float d[4] = {base[0], base[1], base[2], base[3]};
 #pragma unroll
-        for (int i = 0; i < C::MB; ++i) {
-          mma_16816(a[i], f0, acc[i][2 * j]);
-          mma_16816(a[i], f1, acc[i][2 * j + 1]);
+          for (int h = 0; h < PAIR; ++h) {
+            const Nibbles v = nibbles(bw[h][j]);
+            const uint32_t wf[4] = {v.lo0, v.lo1, v.hi0, v.hi1};
+            mma_16816(wf, bf[h], d);
+          }
+          float2 sv = make_float2(1.f, 1.f);  // the scales of rows g and g + 8
+          if (GROUPED) sv = __half22float2(*reinterpret_cast<const __half2*>(&sw[j]));
+          acc[0][j][0] += sv.x * d[0];
+          acc[0][j][1] += sv.x * d[1];
+          acc[0][j][2] += sv.y * d[2];
+          acc[0][j][3] += sv.y * d[3];
+        }
+      }
+    } else {
+      uint32_t sw[4];
+      scale_words(st, 0, sw);
+#pragma unroll
+      for (int q = 0; q < C::KQ; ++q) {
+        uint32_t a[C::TILES][4];
+#pragma unroll
+        for (int i = 0; i < C::TILES; ++i) ldmatrix_x4(a[i], st + a_off[q] + i * a_tile);
+        const int4 bq = lds128(st + b_off + q * C::NS * 32 * 16);
+        const uint32_t bw[4] = {static_cast<uint32_t>(bq.x), static_cast<uint32_t>(bq.y),
+                                static_cast<uint32_t>(bq.z), static_cast<uint32_t>(bq.w)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {  // the four 16x16 tiles of the strip: n8 sub-tiles 2j and 2j + 1
+          uint32_t f0[2], f1[2];
+          dequant_scaled<GROUPED>(bw[j], sw[j], f0, f1);
+#pragma unroll
+          for (int i = 0; i < C::TILES; ++i) {
+            mma_16816(a[i], f0, acc[i][2 * j]);
+            mma_16816(a[i], f1, acc[i][2 * j + 1]);
+          }
         }
       }
     }
@@ -587,25 +668,33 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   const int groups8 = C::R * (C::W / 8);  // 8-column groups of the tile
   auto finish = [&](int col, int seg_begin, int seg_end) {
     // 1. k warps add into `red` one after another (fixed order, so results are reproducible).
-    const int g = lane / 4, c2 = 2 * (lane % 4);
+    const int g = lane / 4, t = lane % 4;
 #pragma unroll 1
     for (int kw = 0; kw < C::NK; ++kw) {
       if (k_warp == kw) {
 #pragma unroll
-        for (int i = 0; i < C::MB; ++i)
+        for (int i = 0; i < C::TILES; ++i)
 #pragma unroll
-          for (int t = 0; t < 8; ++t)
+          for (int j = 0; j < C::SUB; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              float2* dst =
-                  reinterpret_cast<float2*>(red + (i * 16 + g + 8 * h) * C::RED_STRIDE + n_warp * 64 + 8 * t + c2);
-              float2 v = make_float2(acc[i][t][2 * h], acc[i][t][2 * h + 1]);
-              if (kw > 0) {
-                const float2 o = *dst;
-                v.x += o.x;
-                v.y += o.y;
+              if constexpr (C::TRANS) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  float* dst = red + (2 * t + e) * C::RED_STRIDE + n_warp * 64 + 16 * j + 8 * h + g;
+                  *dst = kw == 0 ? acc[i][j][2 * h + e] : *dst + acc[i][j][2 * h + e];
+                }
+              } else {
+                float2* dst = reinterpret_cast<float2*>(red + (16 * i + g + 8 * h) * C::RED_STRIDE + n_warp * 64 +
+                                                        8 * j + 2 * t);
+                float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                if (kw > 0) {
+                  const float2 o = *dst;
+                  v.x += o.x;
+                  v.y += o.y;
+                }
+                *dst = v;
               }
-              *dst = v;
             }
       }
       __syncthreads();
@@ -739,28 +828,30 @@ cudaError_t launch(const Params& p, int grid, int device, cudaStream_t stream) {
 // few rows); m > 32 takes 256-wide strips with 64-deep stages so each A fragment feeds 32 mma. N not a multiple of
 // the strip width falls back to narrower strips. Only the combinations below are compiled (compile time).
 struct Choice {
-  int mb, ns, stages;
+  int rows, ns, stages;
 };
 
-template <int MB, int NS, int STAGES>
-using CfgFor = Cfg<MB, NS, NS == 4 ? 4 : 8, STAGES>;
+template <int ROWS, int NS, int STAGES>
+using CfgFor = Cfg<ROWS, NS, NS == 4 ? 4 : 8, STAGES>;
 
-template <int MB, int NS, int STAGES>
+template <int ROWS, int NS, int STAGES>
 inline cudaError_t launch_cfg(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  return grouped ? launch<CfgFor<MB, NS, STAGES>, true>(p, grid, device, stream)
-                 : launch<CfgFor<MB, NS, STAGES>, false>(p, grid, device, stream);
+  return grouped ? launch<CfgFor<ROWS, NS, STAGES>, true>(p, grid, device, stream)
+                 : launch<CfgFor<ROWS, NS, STAGES>, false>(p, grid, device, stream);
 }
 
-// Every combination choose() can pick, in the order it prefers them for a given chunk height; no other is compiled.
-// Chunks of <= 32 rows always find a 4-stage tile before an 8-stage one, and 64-row chunks with 128-wide strips
-// need 234 KB of shared memory (more than any GPU has): those would be dead code.
+// Every combination choose() can pick (rows, strips, stages), in the order it prefers them for a given chunk height;
+// no other is compiled. Chunks of <= 32 rows always find a 4-stage tile before an 8-stage one, and 64-row chunks
+// with 128-wide strips need 234 KB of shared memory (more than any GPU has): those would be dead code.
 #define MARLIN_CONFIGS(X) \
-  X(4, 4, 8) X(4, 1, 8) \
-  X(3, 4, 8) X(3, 2, 8) X(3, 1, 8) \
-  X(2, 2, 4) X(2, 1, 4) \
-  X(1, 2, 4) X(1, 1, 4)
+  X(64, 4, 8) X(64, 1, 8) \
+  X(48, 4, 8) X(48, 2, 8) X(48, 1, 8) \
+  X(32, 2, 4) X(32, 1, 4) \
+  X(16, 2, 4) X(16, 1, 4) \
+  X(8, 2, 4) X(8, 1, 4)
 
-// One launcher per chunk height, each compiled in its own file (marlin_mb<MB>.cu) so the builds run in parallel.
+// One launcher per 16 rows of chunk height (marlin_mb<MB>.cu takes chunks of 16 * MB - 15 .. 16 * MB rows), each
+// compiled in its own file so the builds run in parallel.
 #define MARLIN_DECLARE_LAUNCHER(MB) \
   cudaError_t launch_mb##MB(const Choice& c, bool grouped, const Params& p, int grid, int device, cudaStream_t stream);
 MARLIN_DECLARE_LAUNCHER(1)
@@ -790,13 +881,13 @@ struct Sm90Cfg {
 };
 cudaError_t launch_sm90(bool grouped, const Params& p, int grid, int device, cudaStream_t stream);
 
-// Only the configurations of one chunk height are instantiated per file (if constexpr inside a template).
+// Only the configurations of one file's chunk heights are instantiated there (if constexpr inside a template).
 template <int MB>
 cudaError_t launch_mb(const Choice& c, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-#define MARLIN_LAUNCH_IF(MB_, NS, ST)                                          \
-  if constexpr (MB_ == MB) {                                                  \
-    if (c.ns == NS && c.stages == ST) {                                       \
-      return launch_cfg<MB_, NS, ST>(grouped, p, grid, device, stream);       \
+#define MARLIN_LAUNCH_IF(ROWS, NS, ST)                                         \
+  if constexpr ((ROWS + 15) / 16 == MB) {                                     \
+    if (c.rows == ROWS && c.ns == NS && c.stages == ST) {                     \
+      return launch_cfg<ROWS, NS, ST>(grouped, p, grid, device, stream);      \
     }                                                                         \
   }
   MARLIN_CONFIGS(MARLIN_LAUNCH_IF)

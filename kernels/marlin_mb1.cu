@@ -1,4 +1,4 @@
-// Instantiations of the GEMM kernel for chunks of 16 rows (see marlin_kernel.cuh).
+// Instantiations of the GEMM kernel for chunks of 8 and 16 rows (see marlin_kernel.cuh).
 #include "marlin_kernel.cuh"
 
 namespace marlin_cli {

@@ -24,6 +24,8 @@ from marlin_cli.kernel import ops  # noqa: E402
 
 CASES = [  # m, k, n, group, act_order
     (1, 1024, 256, 128, False),
+    (5, 512, 192, -1, True),  # 8-row chunks, 64-column strips, per-channel scales
+    (16, 512, 192, 32, False),
     (17, 512, 192, -1, True),
     (33, 1024, 512, 32, False),
     (64, 256, 1024, 64, False),

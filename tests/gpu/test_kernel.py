@@ -3,7 +3,9 @@
 Tolerance: mean|C - C_ref| / mean|C_ref| <= 2e-3. The kernel rounds each dequantized, scaled weight to fp16
 (relative error <= 2^-11), accumulates fp16 products in fp32 in its own order, and rounds C to fp16 (<= 2^-11);
 independent rounding errors average to a few 1e-4 of the output's magnitude, so 2e-3 leaves room while a wrong
-tile, scale or row shows up as an error of order 1.
+tile, scale or row shows up as an error of order 1. Chunks of 8 rows (m <= 8) instead sum the products of
+still-offset weights (1024 + q, 64 + q) in fp32 and subtract the offsets' product there, which costs ~10 of fp32's
+24 bits (relative ~1e-4 at worst), and scale the fp32 sums; test_offset_cancellation is the hard case for that.
 """
 
 from __future__ import annotations
@@ -90,6 +92,21 @@ def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
 @pytest.mark.parametrize("m", [1, 33, 256])
 def test_act_order(m: int, group: int) -> None:
     _check(m, 4096, 1536, group, act_order=True, seed=m + group)
+
+
+@pytest.mark.parametrize("group", [-1, 128])
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_offset_cancellation(m: int, group: int) -> None:
+    """Activations far from zero mean (32 + N(0, 1), all positive): the 8-row chunks' fp32 sums of offset weights
+    times activations are then largest against the result, the worst case for the cancellation (m = 16, the m16
+    path that scales fp16 weights, for comparison). The reference is float64."""
+    a, b, s = random_operands(m, 4096, 1024, group, seed=17)
+    a = (a.float() + 32).half()
+    ref = (a.double() @ dequantize_gpu(b, s).double()).float()
+    _poison(m, 1024)
+    err = rel_error(ops.gemm(a, b, s), ref)
+    print(f"m={m} g={group}: relative error {err:.2e}")
+    assert err <= TOL
 
 
 def test_large_m() -> None:
