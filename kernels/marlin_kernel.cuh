@@ -143,33 +143,37 @@ __device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
 
 // One packed int32 holds the weights of one lane in two n8 sub-tiles (DESIGN.md 3.1 step 2): nibbles 0,4 = k rows
 // 0,1 and nibbles 1,5 = k rows 8,9 of sub-tile 0; nibbles 2,6 and 3,7 the same for sub-tile 1. A low nibble OR-ed
-// into the mantissa of fp16 1024.0 (0x6400, unit 1) reads as 1024 + q, a high one (four bits up) OR-ed into 64.0
-// (0x5400, unit 1/16) as 64 + q: `lo0, hi0` are sub-tile 0's k rows (0,1) and (8,9), `lo1, hi1` sub-tile 1's, each
-// still carrying that offset.
+// into the mantissa of fp16 1024.0 (0x6400, unit 1) reads as 1024 + q; a high one (four bits up) OR-ed into HI_EXP
+// reads as 1024 + 16q (0x6400) or 64 + q (0x5400, unit 1/16). `lo0, hi0` are sub-tile 0's k rows (0,1) and (8,9),
+// `lo1, hi1` sub-tile 1's, each still carrying that offset.
 struct Nibbles {
   uint32_t lo0, hi0, lo1, hi1;
 };
+template <uint32_t HI_EXP>
 __device__ __forceinline__ Nibbles nibbles(uint32_t q) {
-  constexpr uint32_t kLo = 0x000f000f, kHi = 0x00f000f0, kLoExp = 0x64006400, kHiExp = 0x54005400;
+  constexpr uint32_t kLo = 0x000f000f, kHi = 0x00f000f0, kLoExp = 0x64006400;
   Nibbles r;
   r.lo0 = and_or<kLo, kLoExp>(q);
-  r.hi0 = and_or<kHi, kHiExp>(q);
+  r.hi0 = and_or<kHi, HI_EXP>(q);
   q >>= 8;
   r.lo1 = and_or<kLo, kLoExp>(q);
-  r.hi1 = and_or<kHi, kHiExp>(q);
+  r.hi1 = and_or<kHi, HI_EXP>(q);
   return r;
 }
 
-// One packed int32 -> the B fragments of two n8 sub-tiles with values q - 8: subtract 1032 from a low nibble's
-// word and 72 from a high one's. Both operands and the difference are exact in fp16, so the result is exact.
+// One packed int32 -> the B fragments of two n8 sub-tiles with values q - 8: one subtract of 1032 for a low nibble,
+// for a high one (1024 + 16q) a multiply by 1/16 and an add of -72 in one fma. Every intermediate is an integer
+// below 2048 or an exact power-of-two multiple, so the result is exact. (Subtracting 72 from 64 + q instead is as
+// exact and as many instructions, but made the wgmma kernel 6-11% slower: perf-log t1.)
 __device__ __forceinline__ void dequant(uint32_t q, uint32_t (&f0)[2], uint32_t (&f1)[2]) {
-  constexpr uint32_t kLoSub = 0x64086408;  // fp16x2 1032
-  constexpr uint32_t kHiSub = 0x54805480;  // fp16x2 72
-  const Nibbles v = nibbles(q);
-  f0[0] = hsub2(v.lo0, kLoSub);
-  f0[1] = hsub2(v.hi0, kHiSub);
-  f1[0] = hsub2(v.lo1, kLoSub);
-  f1[1] = hsub2(v.hi1, kHiSub);
+  constexpr uint32_t kSub = 0x64086408;  // fp16x2 1032
+  constexpr uint32_t kMul = 0x2c002c00;  // fp16x2 1/16
+  constexpr uint32_t kAdd = 0xd480d480;  // fp16x2 -72
+  const Nibbles v = nibbles<0x64006400>(q);
+  f0[0] = hsub2(v.lo0, kSub);
+  f0[1] = hfma2(v.hi0, kMul, kAdd);
+  f1[0] = hsub2(v.lo1, kSub);
+  f1[1] = hfma2(v.hi1, kMul, kAdd);
 }
 
 // Broadcast the low / high fp16 of a word to both halves. Written as a PTX move (not a byte permute) so that ptxas
@@ -220,7 +224,7 @@ struct Cfg {
   static constexpr int KQ = KT / NK;      // k16 tiles per warp per stage
   static constexpr bool TRANS = R == 8;
   static constexpr int TILES = TRANS ? 1 : R / 16;  // m16 row tiles (TRANS: one n8 tile)
-  static constexpr int SUB = TRANS ? 4 : 8;  // accumulator tiles per row tile: 16 x 8 (TRANS) or 8 x 16 per 64 columns
+  static constexpr int SUB = TRANS ? 4 : 8;  // accumulator tiles per row tile and 64 columns
   static constexpr int W = 64 * NS;       // columns of the block tile
   static constexpr int A_CHUNKS = 2 * KT;  // 16-byte chunks per A row per stage
   static constexpr int A_STAGE = R * A_CHUNKS;   // int4 per stage
@@ -604,9 +608,9 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
 
   auto compute_stage = [&](uint32_t st) {
     if constexpr (C::TRANS) {
-      // Each mma sums (1024 + q) a over a tile's k rows 0-7 and (64 + q) a over rows 8-15 (Nibbles); starting the
-      // sums from a constant tile's product (-1032 on rows 0-7, -72 on rows 8-15) leaves (q - 8) a. The fp16 products
-      // are exact; the fp32 sums are up to ~1000 times the result, which costs ~10 of fp32's 24 bits.
+      // Each mma sums (1024 + q) a over a tile's k rows 0-7 and (64 + q) a over rows 8-15 (nibbles<0x5400>);
+      // starting the sums from a constant tile's product (-1032 on rows 0-7, -72 on rows 8-15) leaves (q - 8) a. The
+      // fp16 products are exact; the fp32 sums are up to ~1000 times the result, which costs ~10 of fp32's 24 bits.
       constexpr uint32_t kOffset[4] = {0xe408e408, 0xe408e408, 0xd480d480, 0xd480d480};  // -1032, -72
 #pragma unroll
       for (int pp = 0; pp < C::KQ / PAIR; ++pp) {
@@ -627,7 +631,7 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
           float d[4] = {base[0], base[1], base[2], base[3]};
 #pragma unroll
           for (int h = 0; h < PAIR; ++h) {
-            const Nibbles v = nibbles(bw[h][j]);
+            const Nibbles v = nibbles<0x54005400>(bw[h][j]);
             const uint32_t wf[4] = {v.lo0, v.lo1, v.hi0, v.hi1};
             mma_16816(wf, bf[h], d);
           }
