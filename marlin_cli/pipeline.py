@@ -35,7 +35,7 @@ from marlin_cli.model.layout import (
     set_weight_matrix,
     weight_matrix,
 )
-from marlin_cli.model.load import load_tensors, max_positions, open_model, open_tokenizer, resolve
+from marlin_cli.model.load import calibration_length, load_tensors, open_model, open_tokenizer, resolve
 
 
 @dataclass
@@ -204,8 +204,7 @@ def _calibration_inputs(
     on_progress: ProgressFn,
 ) -> tuple[BlockInputs, int]:
     tokenizer = open_tokenizer(source)
-    limit = max_positions(config)
-    seqlen = min(job.calib.seqlen, limit) if limit else job.calib.seqlen
+    seqlen = calibration_length(job.calib.seqlen, config, source)
     what = f"{job.calib.nsamples} samples of at most {seqlen} tokens from {job.calib.source}"
     on_progress(Progress("calibrate", 0, 1, what))
     samples = token_samples(load_texts(job.calib.source), tokenizer, job.calib.nsamples, seqlen, job.calib.seed)

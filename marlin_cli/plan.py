@@ -17,7 +17,7 @@ from marlin_cli.errors import ModelError
 from marlin_cli.io import checkpoint as ckpt
 from marlin_cli.io.safetensors_check import read_header
 from marlin_cli.model.layout import find_blocks
-from marlin_cli.model.load import max_positions, resolve
+from marlin_cli.model.load import calibration_length, resolve
 from marlin_cli.pipeline import Job, plan_layers
 
 GIB = 2**30
@@ -53,8 +53,7 @@ def dry_run(job: Job) -> dict[str, Any]:
             sizes[name] = t.numel() * dtype.itemsize
     shards = ckpt.plan_shards(sizes, job.max_shard_size)
 
-    limit = max_positions(config)
-    seqlen = min(job.calib.seqlen, limit) if limit else job.calib.seqlen
+    seqlen = calibration_length(job.calib.seqlen, config, source)
     hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 0)
     block_bytes = max(sum(p.numel() for p in b.parameters()) for b in blocks) * dtype.itemsize
     outside = sum(sizes[k] for k in sizes if not k.startswith(f"{blocks_name}."))

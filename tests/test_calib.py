@@ -64,3 +64,19 @@ def test_samples_are_seeded_truncated_documents(tokenizer) -> None:  # noqa: ANN
 def test_too_few_documents(tokenizer) -> None:  # noqa: ANN001
     with pytest.raises(CalibrationError, match="3 documents, fewer than --nsamples 8"):
         token_samples(DOCS, tokenizer, 8, 64, seed=0)
+
+
+def test_calibration_length_follows_the_model(tmp_path: Path) -> None:
+    """--seqlen is capped by the model's positions and by a sentence-transformers model's max_seq_length."""
+    from transformers import BertConfig
+
+    from marlin_cli.model.load import calibration_length
+
+    config = BertConfig(max_position_embeddings=512)
+    assert calibration_length(2048, config, tmp_path) == 512
+    assert calibration_length(100, config, tmp_path) == 100
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
+    assert calibration_length(2048, config, tmp_path) == 256
+    assert calibration_length(2048, config, resolve("minilm")) == 256  # the shipped MiniLM says so
+    (tmp_path / "sentence_bert_config.json").write_text("{not json")
+    assert calibration_length(2048, config, tmp_path) == 512  # unreadable: the config's limit alone

@@ -97,7 +97,13 @@ def quantize_command(
         ),
     ] = "embedded",
     nsamples: Annotated[int, typer.Option(help="Calibration samples (documents, each truncated to --seqlen).")] = 128,
-    seqlen: Annotated[int, typer.Option(help="Tokens per sample at most; capped by the model's maximum.")] = 2048,
+    seqlen: Annotated[
+        int,
+        typer.Option(
+            help="Tokens per sample at most; capped by the model's maximum positions and, for a "
+            "sentence-transformers model, its max_seq_length."
+        ),
+    ] = 2048,
     seed: Annotated[int, typer.Option(help="Seed for choosing the calibration samples.")] = 0,
     device: DeviceOpt = None,
     max_shard_size: ShardOpt = "5GB",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,3 +163,19 @@ def max_positions(config: PretrainedConfig) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+def calibration_length(seqlen: int, config: PretrainedConfig, source: Path) -> int:
+    """Tokens per calibration sample: `seqlen` capped by the model's positions and, for a sentence-transformers
+    model, by the `max_seq_length` it truncates its inputs to (sentence_bert_config.json): positions the model is
+    never run at would only bend the Hessians away from the ones it is (MiniLM: 512 -> 256)."""
+    limits = [seqlen, max_positions(config) or seqlen]
+    st_config = source / "sentence_bert_config.json"
+    if st_config.is_file():
+        try:
+            value = json.loads(st_config.read_text()).get("max_seq_length")
+        except (OSError, ValueError, AttributeError):
+            value = None
+        if isinstance(value, int) and value > 0:
+            limits.append(value)
+    return min(limits)
