@@ -35,7 +35,14 @@ from marlin_cli.model.layout import (
     set_weight_matrix,
     weight_matrix,
 )
-from marlin_cli.model.load import calibration_length, load_tensors, open_model, open_tokenizer, resolve
+from marlin_cli.model.load import (
+    calibration_length,
+    load_tensors,
+    open_model,
+    open_tokenizer,
+    resolve,
+    sentence_model_length,
+)
 
 
 @dataclass
@@ -205,9 +212,12 @@ def _calibration_inputs(
 ) -> tuple[BlockInputs, int]:
     tokenizer = open_tokenizer(source)
     seqlen = calibration_length(job.calib.seqlen, config, source)
-    what = f"{job.calib.nsamples} samples of at most {seqlen} tokens from {job.calib.source}"
+    by_paragraph = sentence_model_length(source) is not None  # it embeds sentences and paragraphs, not documents
+    unit = " paragraphs" if by_paragraph and job.calib.source == "embedded" else ""
+    what = f"{job.calib.nsamples} samples of at most {seqlen} tokens from {job.calib.source}{unit}"
     on_progress(Progress("calibrate", 0, 1, what))
-    samples = token_samples(load_texts(job.calib.source), tokenizer, job.calib.nsamples, seqlen, job.calib.seed)
+    texts = load_texts(job.calib.source, by_paragraph)
+    samples = token_samples(texts, tokenizer, job.calib.nsamples, seqlen, job.calib.seed)
     with torch.no_grad():
         inputs = capture_inputs(model, blocks_name, blocks, samples, device)
     on_progress(Progress("calibrate", 1, 1, what))

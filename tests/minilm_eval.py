@@ -13,7 +13,7 @@ import torch
 from transformers import AutoTokenizer, BertModel
 
 from marlin_cli.algo.hessian import Hessian, weighted_error
-from marlin_cli.calib.data import embedded_texts
+from marlin_cli.calib.data import embedded_texts, paragraphs
 from marlin_cli.model.layout import LINEAR_TYPES
 from marlin_cli.model.load import resolve
 from marlin_cli.nn import MarlinLinear, load_quantized
@@ -25,8 +25,7 @@ KINDS = tuple(__import__("os").environ.get("EVAL_KINDS", "prose,code").split(","
 
 
 def heldout_texts() -> list[str]:
-    paragraphs = [p.strip() for d in embedded_texts("heldout", KINDS) for p in d.split("\n\n") if len(p.strip()) >= 60]
-    return paragraphs[:NTEXTS]
+    return paragraphs(embedded_texts("heldout", KINDS))[:NTEXTS]
 
 
 class Reference:

@@ -80,3 +80,15 @@ def test_calibration_length_follows_the_model(tmp_path: Path) -> None:
     assert calibration_length(2048, config, resolve("minilm")) == 256  # the shipped MiniLM says so
     (tmp_path / "sentence_bert_config.json").write_text("{not json")
     assert calibration_length(2048, config, tmp_path) == 512  # unreadable: the config's limit alone
+
+
+def test_embedded_corpus_by_paragraph() -> None:
+    """A sentence-embedding model is calibrated on the corpus's paragraphs: blank-line blocks of >= 60 characters,
+    in document order, from the calibration documents only."""
+    from marlin_cli.calib.data import MIN_PARAGRAPH, paragraphs
+
+    assert paragraphs(["a" * 70 + "\n\nshort\n\n  " + "b" * 60 + "  ", "c" * 59]) == ["a" * 70, "b" * 60]
+    paras = load_texts("embedded", by_paragraph=True)
+    assert len(paras) > 1000
+    assert all(len(p) >= MIN_PARAGRAPH and "\n\n" not in p for p in paras)
+    assert paras == paragraphs(load_texts("embedded"))  # the held-out tenth stays out (split by document)

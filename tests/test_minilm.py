@@ -2,8 +2,8 @@
 embedded calibration corpus, measured on held-out text (tests/minilm_eval.py says how).
 
 Issue 2 asks for summed error <= 0.27x RTN and cosine >= 0.981 with default options, and <= 0.24x and >= 0.985 with
---clip. The thresholds below are what this implementation reaches today, with a small margin so a regression fails;
-the gap to the issue's figures is recorded in the issue.
+--clip. The cosine thresholds below are the issue's (reached: 0.9814 and 0.9866); the error thresholds are what this
+implementation reaches today (0.338, 0.261) with a small margin, and the gap to the issue's is recorded in the issue.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from minilm_eval import Reference
 pytestmark = pytest.mark.slow
 
 RECIPES = {
-    "default": ([], 0.36, 0.978),  # extra flags, max summed error vs RTN, min mean embedding cosine
-    "clip+group": (["--clip", "--act-order", "group"], 0.285, 0.984),
+    "default": ([], 0.35, 0.981),  # extra flags, max summed error vs RTN, min mean embedding cosine
+    "clip+group": (["--clip", "--act-order", "group"], 0.275, 0.985),
 }
 
 

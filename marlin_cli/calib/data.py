@@ -32,10 +32,20 @@ def embedded_texts(split: Literal["calib", "heldout"] = "calib", kinds: tuple[st
     return [d["text"] for d, h in zip(docs, held, strict=True) if h == (split == "heldout") and d["kind"] in kinds]
 
 
-def load_texts(source: str) -> list[str]:
-    """Documents of a calibration source (see the module docstring)."""
+MIN_PARAGRAPH = 60  # characters: shorter blocks of the corpus are headings and rules, not paragraphs
+
+
+def paragraphs(docs: list[str]) -> list[str]:
+    """The blank-line-separated paragraphs of `docs` with at least MIN_PARAGRAPH characters, in order."""
+    return [p.strip() for d in docs for p in d.split("\n\n") if len(p.strip()) >= MIN_PARAGRAPH]
+
+
+def load_texts(source: str, by_paragraph: bool = False) -> list[str]:
+    """Documents of a calibration source (see the module docstring); `by_paragraph` cuts the embedded corpus into
+    paragraphs, the unit a sentence-embedding model is run on (files and hub data are taken as given)."""
     if source == "embedded":
-        return embedded_texts("calib")
+        docs = embedded_texts("calib")
+        return paragraphs(docs) if by_paragraph else docs
     path = Path(source)
     if path.suffix in (".txt", ".jsonl", ".parquet"):
         if not path.is_file():

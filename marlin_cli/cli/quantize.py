@@ -92,7 +92,8 @@ def quantize_command(
     calib: Annotated[
         str,
         typer.Option(
-            help="Calibration text: 'embedded' (ships with marlin, offline), a .txt/.jsonl/.parquet file, "
+            help="Calibration text: 'embedded' (ships with marlin, offline; sampled by document, or by paragraph "
+            "for a sentence-transformers model), a .txt/.jsonl/.parquet file, "
             "or a datasets hub name 'name[:config]:split:field'."
         ),
     ] = "embedded",

@@ -165,17 +165,20 @@ def max_positions(config: PretrainedConfig) -> int | None:
     return None
 
 
+def sentence_model_length(source: Path) -> int | None:
+    """For a sentence-transformers model (sentence_bert_config.json), the max_seq_length it truncates inputs to."""
+    st_config = source / "sentence_bert_config.json"
+    if not st_config.is_file():
+        return None
+    try:
+        value = json.loads(st_config.read_text()).get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def calibration_length(seqlen: int, config: PretrainedConfig, source: Path) -> int:
     """Tokens per calibration sample: `seqlen` capped by the model's positions and, for a sentence-transformers
-    model, by the `max_seq_length` it truncates its inputs to (sentence_bert_config.json): positions the model is
-    never run at would only bend the Hessians away from the ones it is (MiniLM: 512 -> 256)."""
-    limits = [seqlen, max_positions(config) or seqlen]
-    st_config = source / "sentence_bert_config.json"
-    if st_config.is_file():
-        try:
-            value = json.loads(st_config.read_text()).get("max_seq_length")
-        except (OSError, ValueError, AttributeError):
-            value = None
-        if isinstance(value, int) and value > 0:
-            limits.append(value)
-    return min(limits)
+    model, by the length it truncates its inputs to: positions the model is never run at would only bend the
+    Hessians away from the ones it is (MiniLM: 512 -> 256)."""
+    return min(seqlen, max_positions(config) or seqlen, sentence_model_length(source) or seqlen)
