@@ -209,10 +209,10 @@ __device__ __forceinline__ void dequant_scaled(uint32_t q, uint32_t s, uint32_t 
 // Chunks of 8 rows are computed transposed, C^T = W^T A^T (TRANS): a 16 x 16 weight tile is the mma's A operand and
 // the 8 rows of activations its B operand, half the tensor work of a 16-row tile; the weights enter the mma still
 // offset (1024 + q, see Nibbles), one mma of a constant tile per k16 tile subtracts the offsets of all columns at
-// once, and the group scales multiply the fp32 sums of each pair of k16 tiles. Per 64 weights a lane handles that
-// takes the instructions that dequantize, scale and multiply from 125 to 79. Taller chunks use m16 tiles of A
-// and scale the dequantized weights: there the same per-weight work is shared by more rows, and the transposed
-// form measured slower at 16 rows (perf-log t1).
+// once, and the group scales multiply the fp32 sums of a warp's k16 tiles of a stage. Per 64 weights a lane
+// handles that takes the instructions that dequantize, scale and multiply from 125 to 79. Taller chunks use m16
+// tiles of A and scale the dequantized weights: there the same per-weight work is shared by more rows, and the
+// transposed form measured slower at 16 rows (perf-log t1).
 template <int ROWS_, int NS_, int KT_, int STAGES_>
 struct Cfg {
   static constexpr int R = ROWS_;         // rows of the A / C tile (one chunk of m)
@@ -572,17 +572,12 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   }
   constexpr uint32_t a_tile = 16 * C::A_CHUNKS * 16;  // bytes from one m16 row tile to the next
   const uint32_t b_off = (C::A_STAGE + (k_warp * C::KQ * C::NS + n_warp) * 32 + lane) * 16;
-  // Grouped scales: 8 fp16 per lane = the scales of its column in the strip's eight n8 sub-tiles (3.1 step 4). The
-  // smallest group is two k16 tiles and a warp's tiles of a stage start at a multiple of KQ, so each aligned pair
-  // shares one group row: one load per pair (TRANS), or per stage where a warp has at most two tiles.
-  static_assert(C::TRANS || C::KQ <= 2, "a warp's k16 tiles of a stage must share one group (32 rows)");
-  constexpr int PAIR = C::KQ < 2 ? C::KQ : 2;
-  uint32_t s_off[C::KQ / PAIR];
-#pragma unroll
-  for (int pp = 0; pp < C::KQ / PAIR; ++pp) {
-    const int row = (k_warp * C::KQ + pp * PAIR) >> p.lg_group;
-    s_off[pp] = (C::A_STAGE + C::B_STAGE + row * C::NS * 8 + n_warp * 8 + lane / 4) * 16;
-  }
+  // Grouped scales: 8 fp16 per lane = the scales of its column in the strip's eight n8 sub-tiles (3.1 step 4). A
+  // warp's KQ <= 2 k16 tiles start at a multiple of KQ and the smallest group is two k16 tiles, so they share one
+  // group row: one load per stage.
+  static_assert(C::KQ <= 2, "a warp's k16 tiles of a stage must share one group (32 rows)");
+  const uint32_t s_off =
+      (C::A_STAGE + C::B_STAGE + ((k_warp * C::KQ) >> p.lg_group) * C::NS * 8 + n_warp * 8 + lane / 4) * 16;
 
   // TILES row tiles x SUB accumulator tiles x 4: independent chains, one per mma; zeroed at the start of every run.
   // Element e of tile (i, j) of lane (g, t) (g = lane / 4, t = lane % 4) is, in the warp's 64 columns:
@@ -599,53 +594,42 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   };
   zero_acc();
 
-  // The scales of one pair of k16 tiles (per-channel: none), as the four words a lane needs.
-  auto scale_words = [&](uint32_t st, int pp, uint32_t (&sw)[4]) {
-    int4 sc = make_int4(0, 0, 0, 0);
-    if (GROUPED) sc = lds128(st + s_off[pp]);
-    sw[0] = sc.x, sw[1] = sc.y, sw[2] = sc.z, sw[3] = sc.w;
-  };
-
   auto compute_stage = [&](uint32_t st) {
+    int4 sc = make_int4(0, 0, 0, 0);
+    if (GROUPED) sc = lds128(st + s_off);
+    const uint32_t sw[4] = {static_cast<uint32_t>(sc.x), static_cast<uint32_t>(sc.y),
+                            static_cast<uint32_t>(sc.z), static_cast<uint32_t>(sc.w)};
     if constexpr (C::TRANS) {
       // Each mma sums (1024 + q) a over a tile's k rows 0-7 and (64 + q) a over rows 8-15 (nibbles<0x5400>);
       // starting the sums from a constant tile's product (-1032 on rows 0-7, -72 on rows 8-15) leaves (q - 8) a. The
       // fp16 products are exact; the fp32 sums are up to ~1000 times the result, which costs ~10 of fp32's 24 bits.
       constexpr uint32_t kOffset[4] = {0xe408e408, 0xe408e408, 0xd480d480, 0xd480d480};  // -1032, -72
+      uint32_t bf[C::KQ][2], bw[C::KQ][4];
+      float base[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int pp = 0; pp < C::KQ / PAIR; ++pp) {
-        uint32_t sw[4];
-        scale_words(st, pp, sw);
-        uint32_t bf[PAIR][2], bw[PAIR][4];
-        float base[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int q = 0; q < C::KQ; ++q) {
+        ldmatrix_x2(bf[q], st + a_off[q]);
+        mma_16816(kOffset, bf[q], base);
+        const int4 v = lds128(st + b_off + q * C::NS * 32 * 16);
+        bw[q][0] = v.x, bw[q][1] = v.y, bw[q][2] = v.z, bw[q][3] = v.w;
+      }
 #pragma unroll
-        for (int h = 0; h < PAIR; ++h) {
-          const int q = pp * PAIR + h;
-          ldmatrix_x2(bf[h], st + a_off[q]);
-          mma_16816(kOffset, bf[h], base);
-          const int4 v = lds128(st + b_off + q * C::NS * 32 * 16);
-          bw[h][0] = v.x, bw[h][1] = v.y, bw[h][2] = v.z, bw[h][3] = v.w;
+      for (int j = 0; j < 4; ++j) {  // weight tile j: sub-tile 2j in its rows 0-7, 2j + 1 in rows 8-15
+        float d[4] = {base[0], base[1], base[2], base[3]};
+#pragma unroll
+        for (int q = 0; q < C::KQ; ++q) {
+          const Nibbles v = nibbles<0x54005400>(bw[q][j]);
+          const uint32_t wf[4] = {v.lo0, v.lo1, v.hi0, v.hi1};
+          mma_16816(wf, bf[q], d);
         }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {  // weight tile j: sub-tile 2j in its rows 0-7, 2j + 1 in rows 8-15
-          float d[4] = {base[0], base[1], base[2], base[3]};
-#pragma unroll
-          for (int h = 0; h < PAIR; ++h) {
-            const Nibbles v = nibbles<0x54005400>(bw[h][j]);
-            const uint32_t wf[4] = {v.lo0, v.lo1, v.hi0, v.hi1};
-            mma_16816(wf, bf[h], d);
-          }
-          float2 sv = make_float2(1.f, 1.f);  // the scales of rows g and g + 8
-          if (GROUPED) sv = __half22float2(*reinterpret_cast<const __half2*>(&sw[j]));
-          acc[0][j][0] += sv.x * d[0];
-          acc[0][j][1] += sv.x * d[1];
-          acc[0][j][2] += sv.y * d[2];
-          acc[0][j][3] += sv.y * d[3];
-        }
+        float2 sv = make_float2(1.f, 1.f);  // the scales of rows g and g + 8
+        if (GROUPED) sv = __half22float2(*reinterpret_cast<const __half2*>(&sw[j]));
+        acc[0][j][0] += sv.x * d[0];
+        acc[0][j][1] += sv.x * d[1];
+        acc[0][j][2] += sv.y * d[2];
+        acc[0][j][3] += sv.y * d[3];
       }
     } else {
-      uint32_t sw[4];
-      scale_words(st, 0, sw);
 #pragma unroll
       for (int q = 0; q < C::KQ; ++q) {
         uint32_t a[C::TILES][4];
