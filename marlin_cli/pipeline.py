@@ -212,8 +212,9 @@ def _calibration_inputs(
 ) -> tuple[BlockInputs, int]:
     tokenizer = open_tokenizer(source)
     seqlen = calibration_length(job.calib.seqlen, config, source)
-    by_paragraph = sentence_model_length(source) is not None  # it embeds sentences and paragraphs, not documents
-    unit = " paragraphs" if by_paragraph and job.calib.source == "embedded" else ""
+    # a sentence-transformers model embeds sentences and paragraphs, not documents
+    by_paragraph = job.calib.source == "embedded" and sentence_model_length(source) is not None
+    unit = " paragraphs" if by_paragraph else ""
     what = f"{job.calib.nsamples} samples of at most {seqlen} tokens from {job.calib.source}{unit}"
     on_progress(Progress("calibrate", 0, 1, what))
     texts = load_texts(job.calib.source, by_paragraph)

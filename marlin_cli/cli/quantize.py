@@ -97,7 +97,9 @@ def quantize_command(
             "or a datasets hub name 'name[:config]:split:field'."
         ),
     ] = "embedded",
-    nsamples: Annotated[int, typer.Option(help="Calibration samples (documents, each truncated to --seqlen).")] = 128,
+    nsamples: Annotated[
+        int, typer.Option(help="Calibration samples (documents or paragraphs, each truncated to --seqlen).")
+    ] = 128,
     seqlen: Annotated[
         int,
         typer.Option(
