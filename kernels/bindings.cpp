@@ -1,5 +1,5 @@
-// Registers the kernels as the torch custom ops marlin_cli::gemm (dense) and marlin_cli::gemm24 (2:4). Only argument
-// plumbing lives here; the shape rules are enforced (with user-facing messages) in marlin_cli/kernel/ops.py and
+// Registers the kernels as the torch custom ops marlin_cli::gemm (dense), marlin_cli::gemm24 (2:4) and
+// marlin_cli::gptq_block (the GPTQ column loop). Only argument plumbing lives here; the shape rules are enforced (with user-facing messages) in marlin_cli/kernel/ops.py and
 // re-checked below as a last line.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -8,6 +8,7 @@
 
 #include <optional>
 
+#include "gptq.h"
 #include "marlin.h"
 #include "marlin24.h"
 
@@ -88,14 +89,58 @@ at::Tensor gemm24_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   return c;
 }
 
+void gptq_block_cuda(at::Tensor& w, const at::Tensor& u, const at::Tensor& s, int64_t s_row, int64_t s_col,
+                     at::Tensor& codes, at::Tensor& errors, int64_t e0, int64_t c0, int64_t c1, int64_t c2) {
+  const char* op = "marlin_cli::gptq_block";
+  const at::Tensor* tensors[] = {&w, &u, &s, &codes, &errors};
+  for (const at::Tensor* t : tensors) {
+    TORCH_CHECK(t->is_cuda() && t->is_contiguous() && t->device() == w.device(), op,
+                ": contiguous CUDA tensors on one device only");
+  }
+  TORCH_CHECK(w.scalar_type() == at::kFloat && u.scalar_type() == at::kFloat && s.scalar_type() == at::kFloat &&
+                  errors.scalar_type() == at::kFloat && codes.scalar_type() == at::kByte,
+              op, ": w, u, s and errors must be float32, codes uint8");
+  TORCH_CHECK(w.dim() == 2 && codes.sizes() == w.sizes() && u.dim() == 2 && u.size(0) == w.size(1) &&
+                  u.size(1) == w.size(1) && errors.dim() == 2 && errors.size(0) == w.size(0),
+              op, ": bad shapes w=", w.sizes(), " u=", u.sizes(), " codes=", codes.sizes(), " errors=", errors.sizes());
+  const int64_t n = w.size(0), k = w.size(1);
+  TORCH_CHECK(n <= INT32_MAX && k <= INT32_MAX && 0 <= c0 && c0 < c1 && c1 <= c2 && c2 <= k &&
+                  c2 - c0 <= marlin_cli::kGptqMaxCols && e0 <= c0 && c1 - e0 <= errors.size(1),
+              op, ": bad column range [", c0, ", ", c1, ", ", c2, ") for k=", k);
+  TORCH_CHECK(s_row >= 0 && s_col >= 0 && (n - 1) * s_row + (c1 - 1) * s_col < s.numel(), op,
+              ": scale strides reach past s");
+  const c10::cuda::CUDAGuard guard(w.device());
+  marlin_cli::GptqBlockArgs args{};
+  args.w = w.data_ptr<float>();
+  args.u = u.data_ptr<float>();
+  args.s = s.data_ptr<float>();
+  args.s_row = s_row;
+  args.s_col = s_col;
+  args.codes = codes.data_ptr<uint8_t>();
+  args.errors = errors.data_ptr<float>();
+  args.e_row = errors.size(1);
+  args.e0 = static_cast<int>(e0);
+  args.n = static_cast<int>(n);
+  args.k = static_cast<int>(k);
+  args.c0 = static_cast<int>(c0);
+  args.c1 = static_cast<int>(c1);
+  args.c2 = static_cast<int>(c2);
+  const cudaError_t err = marlin_cli::gptq_block(args, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, " failed: ", cudaGetErrorString(err));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(marlin_cli, m) {
   m.def("gemm(Tensor a, Tensor b, Tensor s, Tensor? perm, Tensor(a!) workspace) -> Tensor");
   m.def("gemm24(Tensor a, Tensor b, Tensor meta, Tensor s, Tensor(a!) workspace) -> Tensor");
+  m.def(
+      "gptq_block(Tensor(a!) w, Tensor u, Tensor s, int s_row, int s_col, Tensor(b!) codes, Tensor(c!) errors, "
+      "int e0, int c0, int c1, int c2) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(marlin_cli, CUDA, m) {
   m.impl("gemm", &gemm_cuda);
   m.impl("gemm24", &gemm24_cuda);
+  m.impl("gptq_block", &gptq_block_cuda);
 }

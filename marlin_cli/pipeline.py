@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from marlin_cli import __version__
-from marlin_cli.algo.gptq import gptq
+from marlin_cli.algo.gptq import ColumnLoop, gptq
 from marlin_cli.algo.hessian import Hessian, weighted_error
 from marlin_cli.algo.result import QuantResult
 from marlin_cli.algo.rtn import rtn
@@ -85,6 +86,9 @@ class Job:
     trust_remote_code: bool = False
     revision: str | None = None
     format: OutputFormat = OutputFormat.MARLIN
+    # GPTQ's column loop on the job's device (algo.gptq.ColumnLoop); None runs it in torch. The CLI passes the CUDA
+    # kernel's (kernel.ops.gptq_block) when it builds for the device.
+    column_loop: ColumnLoop | None = None
 
     def __post_init__(self) -> None:
         self.format = output_format(self.format)
@@ -104,6 +108,11 @@ class LayerReport:
     magnitude_error: float | None = None  # sparse24 with calibration: the same for the magnitude 2:4 + GPTQ baseline
     damp: float | None = None
     seconds: float = 0.0
+
+
+def job_device(job: Job) -> torch.device:
+    """Where the job computes: --device, else the GPU when torch sees one, else the CPU."""
+    return torch.device(job.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, Any]:
@@ -126,7 +135,7 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
         raise ModelError(f"{source}: no layer has a shape the {layout} accepts ({'; '.join(reasons)})")
     on_progress(Progress("load", 1, 1, str(source)))
 
-    device = torch.device(job.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = job_device(job)
     outside = {k: v for k, v in model.state_dict().items() if not k.startswith(f"{blocks_name}.")}
     dtypes = {k: v.dtype for k, v in outside.items()}
     if device.type == "cpu":  # half-precision matmuls on the CPU are slow or missing
@@ -251,7 +260,7 @@ def _quantize_block(
             report = plan[f"{prefix}.{name}"]
             if inputs is not None and hessian is None:
                 report.reason = "not reached by the calibration data: RTN"
-            result = _solve(linears[name], hessian, cfg, report)
+            result = _solve(linears[name], hessian, cfg, report, job.column_loop)
             packed.update(pack_layer(job.format, f"{prefix}.{name}", result, cfg.sparse24))
             on_layer(f"{prefix}.{name}")
     if inputs is not None:
@@ -259,7 +268,9 @@ def _quantize_block(
             inputs.hidden[i] = run_block(block, inputs, i)
 
 
-def _solve(module: nn.Module, hessian: Hessian | None, cfg: QuantConfig, report: LayerReport) -> QuantResult:
+def _solve(
+    module: nn.Module, hessian: Hessian | None, cfg: QuantConfig, report: LayerReport, columns: ColumnLoop | None
+) -> QuantResult:
     """Quantize one layer, write its dequantized weights back (later layers calibrate on them) and fill `report`."""
     started = time.perf_counter()
     w = weight_matrix(module).float()
@@ -269,7 +280,7 @@ def _solve(module: nn.Module, hessian: Hessian | None, cfg: QuantConfig, report:
     result = baseline
     if hessian is not None:
         try:
-            result = _calibrated(cfg)(w, hessian.matrix, cfg)
+            result = _calibrated(cfg, columns)(w, hessian.matrix, cfg)
         except NumericalError as e:
             report.reason = "; ".join(filter(None, [report.reason, f"{e}: RTN"]))
     report.method = method_name(cfg) if result is not baseline else "rtn"
@@ -288,11 +299,14 @@ def _solve(module: nn.Module, hessian: Hessian | None, cfg: QuantConfig, report:
     return result
 
 
-def _calibrated(cfg: QuantConfig) -> Callable[[torch.Tensor, torch.Tensor, QuantConfig], QuantResult]:
-    """The calibrated solver of `cfg`: GPTQ, SparseGPT (sparse24) or the magnitude 2:4 baseline."""
+def _calibrated(
+    cfg: QuantConfig, columns: ColumnLoop | None
+) -> Callable[[torch.Tensor, torch.Tensor, QuantConfig], QuantResult]:
+    """The calibrated solver of `cfg`: GPTQ (its column loop `columns`), SparseGPT (sparse24) or the magnitude 2:4
+    baseline."""
     if cfg.method is Method.MAGNITUDE:
         return magnitude_gptq
-    return sparsegpt if cfg.sparse24 else gptq
+    return sparsegpt if cfg.sparse24 else partial(gptq, columns=columns)
 
 
 def method_name(cfg: QuantConfig) -> str:

@@ -1,5 +1,6 @@
 """Time GPTQ on the GPU on Llama-sized layers: Hessian accumulation over 262,144 tokens, then the solve (plain and
-with --clip), in one process. Prints a table next to the reference figures of DESIGN.md section 7.
+with --clip), its column loop in torch and on the CUDA kernel (kernels/gptq.cu), in one process. Prints a table next
+to the reference figures of DESIGN.md section 7, and how many codes the two loops give alike.
 
 Run on a GPU machine: python3 scripts/bench_gptq.py
 """
@@ -13,6 +14,7 @@ import torch
 from marlin_cli.algo.gptq import gptq
 from marlin_cli.algo.hessian import Hessian
 from marlin_cli.config import QuantConfig
+from marlin_cli.kernel import ops
 
 TOKENS = 262_144
 CHUNK = 8192  # tokens per Hessian update, as the pipeline feeds one sample of 8192 tokens or several smaller ones
@@ -33,27 +35,34 @@ def timed(fn) -> tuple[float, object]:  # noqa: ANN001
     return time.perf_counter() - start, out
 
 
-def bench_shape(k: int, n: int, dev: torch.device) -> tuple[float, float, float]:
-    """Seconds for the Hessian over TOKENS tokens, the solve, and the solve with clipping."""
+def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
+    """Seconds for the Hessian over TOKENS tokens, then the solve and the solve with clipping on the torch loop and
+    on the kernel; last, the fraction of codes both loops give alike (default settings)."""
     gen = torch.Generator(device=dev).manual_seed(0)
     mix = torch.randn(k, 64, device=dev, generator=gen) / 8  # correlated channels, like real activations
     x = torch.randn(CHUNK, k, device=dev, generator=gen) + torch.randn(CHUNK, 64, device=dev, generator=gen) @ mix.T
     x = x.half()
     w = torch.randn(n, k, device=dev, generator=gen) * 0.02
     h = Hessian(k, dev)
-    t_h, _ = timed(lambda: [h.add(x) for _ in range(TOKENS // CHUNK)])
-    t_s, _ = timed(lambda: gptq(w, h.matrix, QuantConfig()))
-    t_c, _ = timed(lambda: gptq(w, h.matrix, QuantConfig(clip=True)))
-    return t_h, t_s, t_c
+    times = [timed(lambda: [h.add(x) for _ in range(TOKENS // CHUNK)])[0]]
+    results = []
+    for cfg in (QuantConfig(), QuantConfig(clip=True)):
+        for columns in (None, ops.gptq_block):
+            t, r = timed(lambda cfg=cfg, columns=columns: gptq(w, h.matrix, cfg, columns=columns))
+            times.append(t)
+            results.append(r)
+    return [*times, (results[0].codes == results[1].codes).float().mean().item()]
 
 
 def main() -> None:
     dev = torch.device("cuda")
-    bench_shape(1024, 1024, dev)  # warm-up: CUDA context, cuSOLVER handles
-    print(f"{'K x N':>14} {'hessian s':>10} {'ref':>5} {'solve s':>8} {'ref':>5} {'clip s':>7} {'ref':>5}")
+    bench_shape(1024, 1024, dev)  # warm-up: CUDA context, cuSOLVER handles, the kernels' build
+    head = ("hessian s", "ref", "solve torch", "kernel", "ref", "clip torch", "kernel", "ref", "same codes")
+    print(f"{'K x N':>14} " + " ".join(f"{h:>11}" for h in head))
     for (k, n), (ref_h, ref_s, ref_c) in SHAPES.items():
-        t_h, t_s, t_c = bench_shape(k, n, dev)
-        print(f"{k:>6} x {n:<6} {t_h:10.2f} {ref_h:5.1f} {t_s:8.2f} {ref_s:5.1f} {t_c:7.2f} {ref_c:5.1f}")
+        t_h, t_s, t_sk, t_c, t_ck, same = bench_shape(k, n, dev)
+        row = (t_h, ref_h, t_s, t_sk, ref_s, t_c, t_ck, ref_c)
+        print(f"{k:>6} x {n:<6} " + " ".join(f"{v:11.3f}" for v in row) + f" {same:11.4%}")
         torch.cuda.empty_cache()
 
 

@@ -9,6 +9,7 @@ when given a `Prune` rule (algo/sparsegpt.py): pruned weights become 0 and their
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -23,6 +24,11 @@ PRUNE_M = 4  # 2:4 sparsity: 2 of every 4 consecutive input columns are kept in 
 
 # (first column j, the current weights (N, 4) of columns j..j+3, U's diagonal (4,) there) -> pruned mask bool (N, 4)
 Prune = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+# The column loop without pruning: (w, U, scales, per_column, codes, errors, e0, c0, c1, c2) -> None, as `_columns`
+# defines it; kernel.ops.gptq_block runs it as one CUDA launch.
+ColumnLoop = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, bool, torch.Tensor, torch.Tensor, int, int, int, int], None
+]
 
 
 def inverse_cholesky(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
@@ -42,11 +48,54 @@ def inverse_cholesky(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, 
     )
 
 
-def gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig, prune: Prune | None = None) -> QuantResult:
+def _columns(
+    w: torch.Tensor,
+    upper: torch.Tensor,
+    s: torch.Tensor,
+    per_column: bool,
+    codes: torch.Tensor,
+    errors: torch.Tensor,
+    e0: int,
+    c0: int,
+    c1: int,
+    c2: int,
+    prune: Prune | None = None,
+) -> None:
+    """The column loop in torch (with `prune`, also pruning to 2:4): quantize columns [c0, c1) of w (N, K) in order
+    with the scales s (N, K) if `per_column` else s (N,), propagate each column's error, divided by U's diagonal, to
+    the columns after it up to c2, and write codes[:, j] and errors[:, j - e0]."""
+    u = upper[c0:c2, c0:c2]
+    block = w[:, c0:c2]  # a view: updates land in w
+    steps = torch.empty(w.shape[0], c1 - c0, dtype=w.dtype, device=w.device)  # codes - ZERO, converted once at the end
+    pruned = torch.empty(0)
+    for i in range(c1 - c0):
+        j = c0 + i
+        sj = s[:, j] if per_column else s
+        # few, whole-column operations per step: on a GPU this loop is bound by kernel launches
+        q = grid.round_signed(block[:, i], sj)
+        if prune is not None:
+            if j % PRUNE_M == 0:  # chosen on the weights as updated so far, as SparseGPT does
+                pruned = prune(j, block[:, i : i + PRUNE_M], torch.diag(u)[i : i + PRUNE_M])
+            q = q.masked_fill(pruned[:, j % PRUNE_M], 0)
+        err = (block[:, i] - q * sj) / u[i, i]
+        block[:, i:].addr_(err, u[i, i:], alpha=-1)
+        steps[:, i], errors[:, j - e0] = q, err
+    codes[:, c0:c1] = (steps + grid.ZERO).to(torch.uint8)
+
+
+def gptq(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    cfg: QuantConfig,
+    prune: Prune | None = None,
+    columns: ColumnLoop | None = None,
+) -> QuantResult:
     """Quantize (N, K) weights against the (K, K) Hessian of their inputs; with `prune`, also prune them to 2:4.
 
     `prune` is asked at every column that is a multiple of 4 which of the next 4 weights of each row to drop
     (natural column order only). Computes in float64 when `weight` is float64 (for exact comparisons), else float32.
+    `columns` replaces the torch column loop for float32 weights without pruning (kernel.ops.gptq_block: one CUDA
+    launch per block or group of columns instead of about eight per column).
     """
     dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
     w = weight.to(dtype).clone()
@@ -73,28 +122,22 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig, prune: P
 
     codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
     found: list[torch.Tensor] = []  # group scales fixed as each group starts (dynamic groups)
+    loop: ColumnLoop = partial(_columns, prune=prune)  # the torch loop, unless `columns` (which cannot prune)
+    if columns is not None and prune is None:
+        loop, w, upper = columns, w.contiguous(), upper.contiguous()
     for i1 in range(0, k, cfg.block_size):
         i2 = min(i1 + cfg.block_size, k)
-        block, u = w[:, i1:i2], upper[i1:i2, i1:i2]  # block is a view: updates land in w
-        errors, steps = torch.empty_like(block), torch.empty_like(block)
-        pruned = torch.empty(0)
-        for i in range(i2 - i1):
-            j = i1 + i
-            if col_scale is not None:
-                s = col_scale[:, j]
-            elif j % g == 0:  # the group starts: its scale comes from the already-updated weights
-                s = group_scales(w[:, j : j + g], -1, h[j : j + g, j : j + g], cfg.clip)[:, 0]
+        errors = torch.empty(n, i2 - i1, dtype=dtype, device=w.device)
+        # One run per group in the block when groups start inside it (their scales come from the weights as updated
+        # so far), else one for the whole block.
+        step = i2 - i1 if col_scale is not None else g
+        for c0 in range(i1, i2, step):
+            c1 = min(c0 + step, i2)
+            s = col_scale
+            if s is None:
+                s = group_scales(w[:, c0 : c0 + g], -1, h[c0 : c0 + g, c0 : c0 + g], cfg.clip)[:, 0]
                 found.append(s)
-            # few, whole-column operations per step: on a GPU this loop is bound by kernel launches
-            q = grid.round_signed(block[:, i], s)
-            if prune is not None:
-                if i % PRUNE_M == 0:  # chosen on the weights as updated so far, as SparseGPT does
-                    pruned = prune(j, block[:, i : i + PRUNE_M], torch.diag(u)[i : i + PRUNE_M])
-                q = q.masked_fill(pruned[:, i % PRUNE_M], 0)
-            err = (block[:, i] - q * s) / u[i, i]
-            block[:, i:].addr_(err, u[i, i:], alpha=-1)
-            steps[:, i], errors[:, i] = q, err
-        codes[:, i1:i2] = (steps + grid.ZERO).to(torch.uint8)
+            loop(w, upper, s, col_scale is not None, codes, errors, i1, c0, c1, i2)
         w[:, i2:].sub_(errors @ upper[i1:i2, i2:])
 
     if cfg.act_order is ActOrder.STATIC:

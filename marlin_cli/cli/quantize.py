@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from marlin_cli import __version__
+from marlin_cli.algo.gptq import ColumnLoop
 from marlin_cli.cli.common import (
     DeviceOpt,
     ForceOpt,
@@ -21,7 +22,8 @@ from marlin_cli.cli.common import (
 )
 from marlin_cli.config import CalibConfig, QuantConfig, read_preset
 from marlin_cli.io.checkpoint import parse_size
-from marlin_cli.pipeline import Job, OutputFormat, quantize
+from marlin_cli.kernel import ops
+from marlin_cli.pipeline import Job, OutputFormat, job_device, quantize
 from marlin_cli.plan import dry_run
 from marlin_cli.repack import RepackJob
 
@@ -147,7 +149,21 @@ def quantize_command(
     if dry_run_:
         show_plan(dry_run(job), json_out)
     else:
+        job.column_loop = gptq_column_loop(job)
         run_job(job, json_out)
+
+
+def gptq_column_loop(job: Job) -> ColumnLoop | None:
+    """GPTQ's column loop on the CUDA kernel when the job runs on a GPU the kernels build for (built on first use,
+    about a minute, then cached); None, the torch loop, otherwise (with a note when that GPU cannot take it)."""
+    device = job_device(job)
+    if device.type != "cuda" or job.quant.block_size > ops.GPTQ_MAX_COLS:
+        return None
+    problem = ops.solver_problem(device)
+    if problem is not None:
+        err_console.print(f"note: GPTQ's column loop runs in torch, several times slower: {problem}", highlight=False)
+        return None
+    return ops.gptq_block
 
 
 def show_plan(plan: dict[str, Any], json_out: bool) -> None:

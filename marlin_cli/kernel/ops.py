@@ -1,7 +1,8 @@
 """Typed wrappers of the kernel ops: CUDA tensors run through the bundled kernels, CPU tensors through `reference`.
 
 `gemm` takes the dense Marlin layout, `gemm24` the 2:4 one. There is no silent fallback on a GPU: if the kernels
-cannot be built, both raise KernelUnavailable.
+cannot be built, both raise KernelUnavailable. `gptq_block` runs GPTQ's column loop (algo/gptq.py), which keeps its
+torch loop wherever `solver_problem` names a reason.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import threading
 import torch
 
 from marlin_cli.config import GROUP_SIZES as CONFIG_GROUP_SIZES
-from marlin_cli.errors import ShapeError
+from marlin_cli.errors import KernelUnavailable, ShapeError
 from marlin_cli.kernel import build, reference
 
 # Mirrors kernels/marlin.h: completion counters, then two fp32 partial tiles of 64 x 256 per block (both kernels).
@@ -22,6 +23,8 @@ GROUP_SIZES = tuple(g for g in CONFIG_GROUP_SIZES if g > 0)  # grouped scales; o
 _lock = threading.Lock()
 _workspaces: dict[int, torch.Tensor] = {}
 _fake_registered = False
+_solver_problems: dict[int, str | None] = {}
+GPTQ_MAX_COLS = 128  # columns one gptq_block launch holds per row (kernels/gptq.h, kGptqMaxCols)
 
 
 def kernel_name(device: torch.device) -> str:
@@ -172,3 +175,58 @@ def gemm24(a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: torch.Tens
     _check_cuda_operands(a, s, {"b24": (b24, torch.int32), "meta": (meta, torch.int16)})
     _ensure_loaded()
     return torch.ops.marlin_cli.gemm24(a, b24, meta, s, workspace(a.device))
+
+
+def solver_problem(device: torch.device) -> str | None:
+    """Why `gptq_block` cannot run on `device` (building the kernels on the first call per device), or None."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"{device} is not a CUDA device"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _solver_problems:
+        try:
+            with torch.cuda.device(index):
+                _ensure_loaded()
+            _solver_problems[index] = None
+        except KernelUnavailable as exc:
+            _solver_problems[index] = str(exc)
+    return _solver_problems[index]
+
+
+def gptq_block(
+    w: torch.Tensor,
+    u: torch.Tensor,
+    scale: torch.Tensor,
+    per_column: bool,
+    codes: torch.Tensor,
+    errors: torch.Tensor,
+    e0: int,
+    c0: int,
+    c1: int,
+    c2: int,
+) -> None:
+    """GPTQ's loop over columns [c0, c1) of w (N, K) in one launch (kernels/gptq.cu), in place.
+
+    u: (K, K) upper Cholesky factor of H^-1; scale: (N, K) per column (`per_column`) or (N,) for all of them;
+    writes codes[:, c0:c1] (uint8, N x K), errors[:, c0 - e0 : c1 - e0] and the updated w[:, c1:c2]
+    (c2 - c0 <= GPTQ_MAX_COLS). All float32 and contiguous, on one CUDA device: algo.gptq.ColumnLoop.
+    """
+    _check_2d(w=w, u=u, codes=codes, errors=errors)
+    n, k = w.shape
+    typed = {"w": (w, torch.float32), "u": (u, torch.float32), "scale": (scale, torch.float32)}
+    typed |= {"codes": (codes, torch.uint8), "errors": (errors, torch.float32)}
+    for name, (t, dtype) in typed.items():
+        if t.dtype != dtype or t.device != w.device or not t.is_contiguous() or w.device.type != "cuda":
+            raise ShapeError(f"gptq_block: {name} must be a contiguous {dtype} tensor on w's CUDA device")
+    if u.shape != (k, k) or codes.shape != (n, k) or errors.shape[0] != n:
+        raise ShapeError(f"gptq_block: u {tuple(u.shape)}, codes {tuple(codes.shape)}, errors do not match w {n} x {k}")
+    if scale.shape != ((n, k) if per_column else (n,)):
+        raise ShapeError(f"gptq_block: scale {tuple(scale.shape)} must be {(n, k) if per_column else (n,)}")
+    if not (e0 <= c0 < c1 <= c2 <= k and c2 - c0 <= GPTQ_MAX_COLS and c1 - e0 <= errors.shape[1]):
+        raise ShapeError(
+            f"gptq_block: column range [{c0}, {c1}, {c2}) with e0={e0} does not fit k={k} (at most "
+            f"{GPTQ_MAX_COLS} columns per launch) or errors {tuple(errors.shape)}"
+        )
+    _ensure_loaded()
+    s_row, s_col = (k, 1) if per_column else (1, 0)
+    torch.ops.marlin_cli.gptq_block(w, u, scale, s_row, s_col, codes, errors, e0, c0, c1, c2)

@@ -1,0 +1,30 @@
+// The GPTQ column loop of one block of columns (marlin_cli/algo/gptq.py), as one launch: the launcher the torch
+// binding calls. Plain CUDA C++: no PyTorch headers, so `nvcc -c kernels/gptq.cu` compiles on its own.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace marlin_cli {
+
+constexpr int kGptqMaxCols = 128;  // columns [c0, c2) one launch holds per row: four per lane of a warp
+
+struct GptqBlockArgs {
+  float* w;            // (n, k) row-major: columns [c0, c2) are read, columns [c1, c2) written back updated
+  const float* u;      // (k, k) row-major: the upper Cholesky factor of H^-1
+  const float* s;      // scale of row r for column j at s[r * s_row + j * s_col] (s_col = 0: one per row)
+  int64_t s_row, s_col;
+  uint8_t* codes;      // (n, k) row-major: columns [c0, c1) written (code = step + 8)
+  float* errors;       // column j of [c0, c1) of row r at errors[r * e_row + j - e0]
+  int64_t e_row;
+  int e0;
+  int n, k, c0, c1, c2;
+};
+
+// Quantizes columns [c0, c1) in order, each column's error divided by U's diagonal and propagated to the columns
+// after it up to c2 (c2 - c0 <= kGptqMaxCols). Returns cudaSuccess or the launch error (cudaErrorInvalidValue for
+// arguments it cannot take).
+cudaError_t gptq_block(const GptqBlockArgs& args, cudaStream_t stream);
+
+}  // namespace marlin_cli
