@@ -1,0 +1,220 @@
+// The bandwidth ceiling of the dense kernel's weight stream at small m, without its math: blocks walk the same
+// striped runs of 8 KB tiles (a 128-column strip x 128 rows of K: 8 packed rows of 1 KB, 8n bytes apart) through a
+// ring of shared-memory stages, and consume each stage trivially (every thread reads its 16 bytes). Two ways to copy
+// a stage: 16-byte cp.async by every thread (the kernels' StageLoader), or one thread issuing eight 1 KB bulk copies
+// (cp.async.bulk, completing on an mbarrier). A read-only grid-stride loop over the same bytes gives the reference.
+// perf-log compares the kernel's steady state with these figures.
+//
+// Build and run on the H200 (no torch needed):
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/bench_stream scripts/bench_stream_pattern.cu
+//   /tmp/bench_stream
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowBytes = 1024;  // one packed k16 row of a 128-column strip
+constexpr int kRows = 8;         // packed rows per tile (128 rows of K)
+constexpr int kTile = kRows * kRowBytes;
+
+struct Shape {
+  int64_t row_stride;  // bytes between packed rows: 8n
+  int strips, k_tiles;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// The run of tiles of block `bid` of `blocks`, as the kernels' plan_run numbers them (k fastest).
+__device__ __forceinline__ void run_of(const Shape& s, int bid, int blocks, int& t0, int& n) {
+  const int total = s.strips * s.k_tiles;
+  const int iters = (total + blocks - 1) / blocks;
+  t0 = bid * iters;
+  n = max(0, min(total, t0 + iters) - t0);
+}
+
+__device__ __forceinline__ const char* tile_src(const char* b, const Shape& s, int t) {
+  const int col = t / s.k_tiles, kt = t % s.k_tiles;
+  return b + static_cast<int64_t>(kt) * kRows * s.row_stride + static_cast<int64_t>(col) * kRowBytes;
+}
+
+__device__ __forceinline__ uint32_t consume(uint32_t slot) {
+  int4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(slot + threadIdx.x * 16));
+  return v.x ^ v.y ^ v.z ^ v.w;
+}
+
+// Every thread copies 16-byte chunks threadIdx.x and threadIdx.x + 256 of each stage (rows r, r + 4).
+template <int STAGES>
+__global__ void __launch_bounds__(kThreads) stream_cp_async(const char* b, Shape s, uint32_t* sink) {
+  extern __shared__ __align__(1024) char smem[];
+  int t0, n;
+  run_of(s, blockIdx.x, gridDim.x, t0, n);
+  const int tid = threadIdx.x;
+  const int64_t off0 = (tid / 64) * s.row_stride + (tid % 64) * 16, off1 = off0 + 4 * s.row_stride;
+  const uint32_t ring = smem_u32(smem);
+  auto load = [&](int i) {
+    const char* src = tile_src(b, s, t0 + i);
+    const uint32_t dst = ring + (i % STAGES) * kTile + tid * 16;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src + off0) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + 4096), "l"(src + off1) : "memory");
+  };
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < n) load(i);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  uint32_t x = 0;
+  for (int i = 0; i < n; ++i) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
+    __syncthreads();
+    if (i + STAGES - 1 < n) load(i + STAGES - 1);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    x ^= consume(ring + (i % STAGES) * kTile);
+  }
+  if (x == 0x12345678) sink[0] = x;
+}
+
+// Thread 0 issues a stage as kRows bulk copies of 1 KB onto the stage's mbarrier; every thread waits on it.
+template <int STAGES>
+__global__ void __launch_bounds__(kThreads) stream_bulk(const char* b, Shape s, uint32_t* sink) {
+  extern __shared__ __align__(1024) char smem[];
+  __shared__ __align__(8) uint64_t full[STAGES];
+  int t0, n;
+  run_of(s, blockIdx.x, gridDim.x, t0, n);
+  const uint32_t ring = smem_u32(smem);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < STAGES; ++i) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&full[i])));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  auto load = [&](int i) {
+    const char* src = tile_src(b, s, t0 + i);
+    const uint32_t bar = smem_u32(&full[i % STAGES]);
+    const uint32_t dst = ring + (i % STAGES) * kTile;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(kTile) : "memory");
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+              dst + r * kRowBytes),
+          "l"(src + r * s.row_stride), "n"(kRowBytes), "r"(bar)
+          : "memory");
+    }
+  };
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < STAGES - 1 && i < n; ++i) load(i);
+  }
+  uint32_t x = 0;
+  for (int i = 0; i < n; ++i) {
+    const uint32_t bar = smem_u32(&full[i % STAGES]);
+    const uint32_t parity = (i / STAGES) & 1;
+    asm volatile(
+        "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}\n" ::"r"(
+            bar),
+        "r"(parity)
+        : "memory");
+    __syncthreads();  // every thread is done with stage i - 1, whose slot the next load takes
+    if (threadIdx.x == 0 && i + STAGES - 1 < n) load(i + STAGES - 1);
+    x ^= consume(ring + (i % STAGES) * kTile);
+  }
+  if (x == 0x12345678) sink[0] = x;
+}
+
+// Read-only reference: every byte once, 16 bytes per thread per step, grid-stride.
+__global__ void __launch_bounds__(kThreads) read_all(const int4* b, int64_t n16, uint32_t* sink) {
+  uint32_t x = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n16;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    int4 v;
+    asm volatile("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(b + i));
+    x ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (x == 0x12345678) sink[0] = x;
+}
+
+}  // namespace
+
+template <class Launch>
+float time_us(Launch&& launch, int copies, int reps) {
+  for (int i = 0; i < copies; ++i) launch(i);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  for (int i = 0; i < reps; ++i) launch(i % copies);
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms * 1000.f / reps;
+}
+
+template <int STAGES>
+void set_smem() {
+  cudaFuncSetAttribute(stream_cp_async<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGES * kTile);
+  cudaFuncSetAttribute(stream_bulk<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGES * kTile);
+}
+
+int main() {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  set_smem<4>();
+  set_smem<8>();
+  set_smem<12>();
+  set_smem<16>();
+  uint32_t* sink = nullptr;
+  cudaMalloc(&sink, 4);
+  const struct {
+    int k, n;
+  } layers[] = {{4096, 4096}, {11008, 4096}, {4096, 22016}, {8192, 57344}};
+  printf("%-12s %-26s %9s %9s\n", "layer", "variant", "us", "TB/s");
+  for (const auto& l : layers) {
+    const int64_t bytes = static_cast<int64_t>(l.k) * l.n / 2;
+    const int copies = static_cast<int>((512ll << 20) / bytes) + 1;  // rotate through > 512 MB: never from L2
+    std::vector<char*> bufs(copies);
+    for (auto& p : bufs) {
+      cudaMalloc(&p, bytes);
+      cudaMemset(p, 0x5a, bytes);
+    }
+    const Shape s{8ll * l.n, l.n / 128, l.k / 128};
+    char name[32];
+    snprintf(name, sizeof name, "%dx%d", l.k, l.n);
+    auto report = [&](const char* variant, float us) {
+      printf("%-12s %-26s %9.2f %9.2f\n", name, variant, us, bytes / us / 1e6);
+    };
+    const int reps = 200;
+    report("read-only, grid-stride", time_us([&](int i) {
+             read_all<<<sms * 8, kThreads>>>(reinterpret_cast<const int4*>(bufs[i]), bytes / 16, sink);
+           }, copies, reps));
+#define CASE(KERNEL, STAGES, BPS)                                                                   \
+  report(#KERNEL " " #STAGES " stages x " #BPS, time_us([&](int i) {                               \
+           KERNEL<STAGES><<<sms * BPS, kThreads, STAGES * kTile>>>(bufs[i], s, sink);               \
+         }, copies, reps));
+    CASE(stream_cp_async, 4, 2)
+    CASE(stream_cp_async, 8, 2)
+    CASE(stream_cp_async, 12, 1)
+    CASE(stream_bulk, 4, 2)
+    CASE(stream_bulk, 8, 2)
+    CASE(stream_bulk, 12, 2)
+    CASE(stream_bulk, 16, 1)
+#undef CASE
+    for (auto p : bufs) cudaFree(p);
+  }
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    printf("CUDA error: %s\n", cudaGetErrorString(err));
+    return 1;
+  }
+  return 0;
+}
