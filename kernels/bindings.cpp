@@ -90,7 +90,8 @@ at::Tensor gemm24_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
 }
 
 void gptq_block_cuda(at::Tensor& w, const at::Tensor& u, const at::Tensor& s, int64_t s_row, int64_t s_col,
-                     at::Tensor& codes, at::Tensor& errors, int64_t e0, int64_t c0, int64_t c1, int64_t c2) {
+                     at::Tensor& codes, at::Tensor& errors, int64_t e0, int64_t c0, int64_t c1, int64_t c2,
+                     const std::optional<at::Tensor>& keep, int64_t prune) {
   const char* op = "marlin_cli::gptq_block";
   const at::Tensor* tensors[] = {&w, &u, &s, &codes, &errors};
   for (const at::Tensor* t : tensors) {
@@ -109,8 +110,17 @@ void gptq_block_cuda(at::Tensor& w, const at::Tensor& u, const at::Tensor& s, in
               op, ": bad column range [", c0, ", ", c1, ", ", c2, ") for k=", k);
   TORCH_CHECK(s_row >= 0 && s_col >= 0 && (n - 1) * s_row + (c1 - 1) * s_col < s.numel(), op,
               ": scale strides reach past s");
+  TORCH_CHECK(prune >= marlin_cli::kPruneNone && prune <= marlin_cli::kPruneMask && (prune == 0 || c0 % 4 == 0), op,
+              ": bad pruning mode ", prune, " at column ", c0);
+  if (prune == marlin_cli::kPruneMask) {
+    TORCH_CHECK(keep.has_value() && keep->is_cuda() && keep->device() == w.device() && keep->is_contiguous() &&
+                    keep->scalar_type() == at::kByte && keep->sizes() == w.sizes(),
+                op, ": keep must be a contiguous uint8 CUDA tensor of w's shape");
+  }
   const c10::cuda::CUDAGuard guard(w.device());
   marlin_cli::GptqBlockArgs args{};
+  args.prune = static_cast<int>(prune);
+  args.keep = prune == marlin_cli::kPruneMask ? keep->data_ptr<uint8_t>() : nullptr;
   args.w = w.data_ptr<float>();
   args.u = u.data_ptr<float>();
   args.s = s.data_ptr<float>();
@@ -136,7 +146,7 @@ TORCH_LIBRARY(marlin_cli, m) {
   m.def("gemm24(Tensor a, Tensor b, Tensor meta, Tensor s, Tensor(a!) workspace) -> Tensor");
   m.def(
       "gptq_block(Tensor(a!) w, Tensor u, Tensor s, int s_row, int s_col, Tensor(b!) codes, Tensor(c!) errors, "
-      "int e0, int c0, int c1, int c2) -> ()");
+      "int e0, int c0, int c1, int c2, Tensor? keep, int prune) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(marlin_cli, CUDA, m) {

@@ -20,7 +20,12 @@ struct GptqBlockArgs {
   int64_t e_row;
   int e0;
   int n, k, c0, c1, c2;
+  // 2:4 pruning (c0 a multiple of 4): kPruneSaliency drops, at every 4th column, the 2 of the next 4 weights of a row
+  // with the smallest w^2 / U_jj^2 (SparseGPT); kPruneMask drops those where keep (n, k) is 0. Dropped: step 0.
+  int prune;
+  const uint8_t* keep;
 };
+constexpr int kPruneNone = 0, kPruneSaliency = 1, kPruneMask = 2;
 
 // Quantizes columns [c0, c1) in order, each column's error divided by U's diagonal and propagated to the columns
 // after it up to c2 (c2 - c0 <= kGptqMaxCols). Returns cudaSuccess or the launch error (cudaErrorInvalidValue for

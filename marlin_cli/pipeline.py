@@ -290,7 +290,7 @@ def _solve(
         report.error = weighted_error(w - result.weight(), hessian.matrix) / total
         report.rtn_error = weighted_error(w - baseline.weight(), hessian.matrix) / total
         if result is not baseline and report.method == "sparsegpt":  # the baseline SparseGPT must beat
-            magnitude = magnitude_gptq(w, hessian.matrix, cfg)
+            magnitude = magnitude_gptq(w, hessian.matrix, cfg, columns)
             report.magnitude_error = weighted_error(w - magnitude.weight(), hessian.matrix) / total
     else:
         report.error = report.rtn_error = float((w - result.weight()).square().sum() / w.square().sum())
@@ -305,8 +305,8 @@ def _calibrated(
     """The calibrated solver of `cfg`: GPTQ (its column loop `columns`), SparseGPT (sparse24) or the magnitude 2:4
     baseline."""
     if cfg.method is Method.MAGNITUDE:
-        return magnitude_gptq
-    return sparsegpt if cfg.sparse24 else partial(gptq, columns=columns)
+        return partial(magnitude_gptq, columns=columns)
+    return partial(sparsegpt if cfg.sparse24 else gptq, columns=columns)
 
 
 def method_name(cfg: QuantConfig) -> str:

@@ -1,6 +1,7 @@
-"""Time GPTQ on the GPU on Llama-sized layers: Hessian accumulation over 262,144 tokens, then the solve (plain and
-with --clip), its column loop in torch and on the CUDA kernel (kernels/gptq.cu), in one process. Prints a table next
-to the reference figures of DESIGN.md section 7, and how many codes the two loops give alike.
+"""Time GPTQ on the GPU on Llama-sized layers: Hessian accumulation over 262,144 tokens, then the solve (plain, with
+--clip, and SparseGPT's 2:4 solve), its column loop in torch and on the CUDA kernel (kernels/gptq.cu), in one
+process. Prints a table next to the reference figures of DESIGN.md section 7, and how many codes the two loops give
+alike.
 
 Run on a GPU machine: python3 scripts/bench_gptq.py
 """
@@ -13,6 +14,7 @@ import torch
 
 from marlin_cli.algo.gptq import gptq
 from marlin_cli.algo.hessian import Hessian
+from marlin_cli.algo.sparsegpt import sparsegpt
 from marlin_cli.config import QuantConfig
 from marlin_cli.kernel import ops
 
@@ -51,17 +53,19 @@ def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
             t, r = timed(lambda cfg=cfg, columns=columns: gptq(w, h.matrix, cfg, columns=columns))
             times.append(t)
             results.append(r)
+    for columns in (None, ops.gptq_block):  # SparseGPT: 2:4 pruning in the same loop
+        times.append(timed(lambda columns=columns: sparsegpt(w, h.matrix, QuantConfig(sparse24=True), columns))[0])
     return [*times, (results[0].codes == results[1].codes).float().mean().item()]
 
 
 def main() -> None:
     dev = torch.device("cuda")
     bench_shape(1024, 1024, dev)  # warm-up: CUDA context, cuSOLVER handles, the kernels' build
-    head = ("hessian s", "ref", "solve torch", "kernel", "ref", "clip torch", "kernel", "ref", "same codes")
-    print(f"{'K x N':>14} " + " ".join(f"{h:>11}" for h in head))
+    head = ("hessian s", "ref", "solve torch", "kernel", "ref", "clip torch", "kernel", "ref", "2:4 torch", "kernel")
+    print(f"{'K x N':>14} " + " ".join(f"{h:>11}" for h in head) + f" {'same codes':>11}")
     for (k, n), (ref_h, ref_s, ref_c) in SHAPES.items():
-        t_h, t_s, t_sk, t_c, t_ck, same = bench_shape(k, n, dev)
-        row = (t_h, ref_h, t_s, t_sk, ref_s, t_c, t_ck, ref_c)
+        t_h, t_s, t_sk, t_c, t_ck, t_p, t_pk, same = bench_shape(k, n, dev)
+        row = (t_h, ref_h, t_s, t_sk, ref_s, t_c, t_ck, ref_c, t_p, t_pk)
         print(f"{k:>6} x {n:<6} " + " ".join(f"{v:11.3f}" for v in row) + f" {same:11.4%}")
         torch.cuda.empty_cache()
 

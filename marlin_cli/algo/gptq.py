@@ -9,6 +9,7 @@ when given a `Prune` rule (algo/sparsegpt.py): pruned weights become 0 and their
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -22,13 +23,34 @@ from marlin_cli.errors import NumericalError
 DAMP_RETRIES = 3  # each retry multiplies the damping by 10
 PRUNE_M = 4  # 2:4 sparsity: 2 of every 4 consecutive input columns are kept in each row
 
+KEEP = 2  # of every PRUNE_M
+
 # (first column j, the current weights (N, 4) of columns j..j+3, U's diagonal (4,) there) -> pruned mask bool (N, 4)
 Prune = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
-# The column loop without pruning: (w, U, scales, per_column, codes, errors, e0, c0, c1, c2) -> None, as `_columns`
-# defines it; kernel.ops.gptq_block runs it as one CUDA launch.
+# The column loop: (w, U, scales, per_column, codes, errors, e0, c0, c1, c2, prune) -> None, as `_columns` defines it.
+# kernel.ops.gptq_block runs it as one CUDA launch, for the pruning rules `saliency_prune` and `FixedMask` (or none).
 ColumnLoop = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, bool, torch.Tensor, torch.Tensor, int, int, int, int], None
+    [torch.Tensor, torch.Tensor, torch.Tensor, bool, torch.Tensor, torch.Tensor, int, int, int, int, Prune | None],
+    None,
 ]
+
+
+def saliency_prune(j: int, w: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """SparseGPT's rule: the 2 of 4 weights of each row (N, 4) with the smallest w^2 / d^2, whose removal costs the
+    least output error."""
+    cost = w.square() / d.square()
+    pruned = torch.zeros_like(w, dtype=torch.bool)
+    return pruned.scatter_(1, torch.topk(cost, PRUNE_M - KEEP, dim=1, largest=False).indices, True)
+
+
+@dataclass(frozen=True)
+class FixedMask:
+    """The rule of a mask fixed up front: `keep` (N, K) bool, True where a weight is kept."""
+
+    keep: torch.Tensor
+
+    def __call__(self, j: int, w: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return ~self.keep[:, j : j + PRUNE_M]
 
 
 def inverse_cholesky(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
@@ -94,8 +116,8 @@ def gptq(
 
     `prune` is asked at every column that is a multiple of 4 which of the next 4 weights of each row to drop
     (natural column order only). Computes in float64 when `weight` is float64 (for exact comparisons), else float32.
-    `columns` replaces the torch column loop for float32 weights without pruning (kernel.ops.gptq_block: one CUDA
-    launch per block or group of columns instead of about eight per column).
+    `columns` replaces the torch column loop for float32 weights (kernel.ops.gptq_block: one CUDA launch per block or
+    group of columns instead of about eight per column), unless `prune` is a rule it does not know.
     """
     dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
     w = weight.to(dtype).clone()
@@ -122,9 +144,9 @@ def gptq(
 
     codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
     found: list[torch.Tensor] = []  # group scales fixed as each group starts (dynamic groups)
-    loop: ColumnLoop = partial(_columns, prune=prune)  # the torch loop, unless `columns` (which cannot prune)
-    if columns is not None and prune is None:
-        loop, w, upper = columns, w.contiguous(), upper.contiguous()
+    loop = partial(_columns, prune=prune)
+    if columns is not None and (prune is None or prune is saliency_prune or isinstance(prune, FixedMask)):
+        loop, w, upper = partial(columns, prune=prune), w.contiguous(), upper.contiguous()
     for i1 in range(0, k, cfg.block_size):
         i2 = min(i1 + cfg.block_size, k)
         errors = torch.empty(n, i2 - i1, dtype=dtype, device=w.device)

@@ -11,19 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from marlin_cli.algo.gptq import PRUNE_M, gptq
+from marlin_cli.algo.gptq import KEEP, PRUNE_M, ColumnLoop, FixedMask, gptq, saliency_prune
 from marlin_cli.algo.result import QuantResult
 from marlin_cli.algo.rtn import rtn
 from marlin_cli.config import QuantConfig
-
-KEEP = 2  # of every PRUNE_M
-
-
-def saliency_prune(j: int, w: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """The 2 of 4 weights of each row (N, 4) with the smallest w^2 / d^2: their removal costs the least output error."""
-    cost = w.square() / d.square()
-    pruned = torch.zeros_like(w, dtype=torch.bool)
-    return pruned.scatter_(1, torch.topk(cost, PRUNE_M - KEEP, dim=1, largest=False).indices, True)
 
 
 def magnitude_mask(weight: torch.Tensor) -> torch.Tensor:
@@ -34,15 +25,19 @@ def magnitude_mask(weight: torch.Tensor) -> torch.Tensor:
     return keep.scatter_(2, torch.topk(groups, KEEP, dim=2).indices, True).reshape(n, k)
 
 
-def sparsegpt(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> QuantResult:
-    """Prune (N, K) weights to 2:4 and quantize the rest in one pass against the (K, K) Hessian."""
-    return gptq(weight, hessian, cfg, saliency_prune)
+def sparsegpt(
+    weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig, columns: ColumnLoop | None = None
+) -> QuantResult:
+    """Prune (N, K) weights to 2:4 and quantize the rest in one pass against the (K, K) Hessian (`columns`: as gptq)."""
+    return gptq(weight, hessian, cfg, saliency_prune, columns)
 
 
-def magnitude_gptq(weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig) -> QuantResult:
+def magnitude_gptq(
+    weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig, columns: ColumnLoop | None = None
+) -> QuantResult:
     """The baseline: keep the 2 largest |w| of every 4, then GPTQ the kept weights with the mask fixed."""
     keep = magnitude_mask(weight)
-    return gptq(weight * keep, hessian, cfg, lambda j, w, d: ~keep[:, j : j + PRUNE_M])
+    return gptq(weight * keep, hessian, cfg, FixedMask(keep), columns)
 
 
 def magnitude_rtn(weight: torch.Tensor, group_size: int, clip: bool = False) -> QuantResult:

@@ -11,6 +11,7 @@ import threading
 
 import torch
 
+from marlin_cli.algo.gptq import PRUNE_M, FixedMask, Prune, saliency_prune
 from marlin_cli.config import GROUP_SIZES as CONFIG_GROUP_SIZES
 from marlin_cli.errors import KernelUnavailable, ShapeError
 from marlin_cli.kernel import build, reference
@@ -25,6 +26,7 @@ _workspaces: dict[int, torch.Tensor] = {}
 _fake_registered = False
 _solver_problems: dict[int, str | None] = {}
 GPTQ_MAX_COLS = 128  # columns one gptq_block launch holds per row (kernels/gptq.h, kGptqMaxCols)
+_PRUNE_NONE, _PRUNE_SALIENCY, _PRUNE_MASK = 0, 1, 2  # kernels/gptq.h, kPrune*
 
 
 def kernel_name(device: torch.device) -> str:
@@ -204,8 +206,10 @@ def gptq_block(
     c0: int,
     c1: int,
     c2: int,
+    prune: Prune | None = None,
 ) -> None:
-    """GPTQ's loop over columns [c0, c1) of w (N, K) in one launch (kernels/gptq.cu), in place.
+    """GPTQ's loop over columns [c0, c1) of w (N, K) in one launch (kernels/gptq.cu), in place; `prune`:
+    algo.gptq.saliency_prune (SparseGPT), an algo.gptq.FixedMask or None.
 
     u: (K, K) upper Cholesky factor of H^-1; scale: (N, K) per column (`per_column`) or (N,) for all of them;
     writes codes[:, c0:c1] (uint8, N x K), errors[:, c0 - e0 : c1 - e0] and the updated w[:, c1:c2]
@@ -227,6 +231,19 @@ def gptq_block(
             f"gptq_block: column range [{c0}, {c1}, {c2}) with e0={e0} does not fit k={k} (at most "
             f"{GPTQ_MAX_COLS} columns per launch) or errors {tuple(errors.shape)}"
         )
+    keep, mode = None, _PRUNE_NONE
+    if prune is saliency_prune:
+        mode = _PRUNE_SALIENCY
+    elif isinstance(prune, FixedMask):
+        keep, mode = prune.keep.view(torch.uint8), _PRUNE_MASK
+        if keep.shape != (n, k) or keep.device != w.device or not keep.is_contiguous():
+            raise ShapeError(
+                f"gptq_block: the fixed mask {tuple(keep.shape)} must be a contiguous {n} x {k} on w's device"
+            )
+    elif prune is not None:
+        raise ShapeError("gptq_block prunes by saliency_prune or a FixedMask only; run other rules in torch")
+    if mode != _PRUNE_NONE and c0 % PRUNE_M:
+        raise ShapeError(f"gptq_block: pruning needs runs starting at a multiple of {PRUNE_M}, not {c0}")
     _ensure_loaded()
     s_row, s_col = (k, 1) if per_column else (1, 0)
-    torch.ops.marlin_cli.gptq_block(w, u, scale, s_row, s_col, codes, errors, e0, c0, c1, c2)
+    torch.ops.marlin_cli.gptq_block(w, u, scale, s_row, s_col, codes, errors, e0, c0, c1, c2, keep, mode)

@@ -1,4 +1,5 @@
-"""GPTQ's column loop on the CUDA kernel (kernels/gptq.cu) against the torch loop it replaces, on the H200.
+"""GPTQ's column loop on the CUDA kernel (kernels/gptq.cu) against the torch loop it replaces, on the H200, without
+pruning and with both 2:4 rules (SparseGPT's saliency, the magnitude baseline's fixed mask).
 
 Both run the same float32 operations in the same order (w / s rounded half to even and clamped; (w - q s) / U_jj;
 w - err U_jc as one fma), so codes, scales and errors agree bit for bit unless a rounding differs; the tests
@@ -13,8 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from marlin_cli.algo.gptq import _columns, gptq, inverse_cholesky
+from marlin_cli.algo.gptq import FixedMask, _columns, gptq, inverse_cholesky, saliency_prune
 from marlin_cli.algo.hessian import weighted_error
+from marlin_cli.algo.sparsegpt import magnitude_gptq, magnitude_mask, sparsegpt
 from marlin_cli.config import QuantConfig
 from marlin_cli.errors import ShapeError
 from marlin_cli.kernel import ops
@@ -30,11 +32,15 @@ def correlated_problem(n: int, k: int, seed: int, tokens: int = 4096) -> tuple[t
     return torch.randn(n, k, generator=gen, device="cuda"), 2 * x.T @ x / tokens
 
 
+@pytest.mark.parametrize("prune", ["none", "saliency", "mask"])
 @pytest.mark.parametrize("per_column", [False, True])
 @pytest.mark.parametrize(("c0", "c1", "c2"), [(0, 128, 128), (128, 160, 256), (64, 96, 192), (0, 5, 7)])
-def test_one_launch_matches_the_torch_loop(per_column: bool, c0: int, c1: int, c2: int) -> None:
+def test_one_launch_matches_the_torch_loop(prune: str, per_column: bool, c0: int, c1: int, c2: int) -> None:
+    if prune != "none" and c2 % 4:
+        pytest.skip("pruning decides on whole groups of 4 columns: runs end at a multiple of 4 (block or K end)")
     n, k = 300, 256  # rows not a multiple of the kernel's 8 per block
     w, h = correlated_problem(n, k, seed=c0 + c1)
+    rule = {"none": None, "saliency": saliency_prune, "mask": FixedMask(magnitude_mask(w))}[prune]
     upper = inverse_cholesky(h, 0.01)[0].contiguous()
     amax = w.abs().amax(dim=1, keepdim=True) / 7.5
     s = (amax * torch.rand(n, k, device="cuda") + 0.01 * amax).contiguous() if per_column else amax[:, 0].clone()
@@ -43,7 +49,7 @@ def test_one_launch_matches_the_torch_loop(per_column: bool, c0: int, c1: int, c
         wi = w.clone()
         codes = torch.full((n, k), 0xEE, dtype=torch.uint8, device="cuda")  # poisoned: unwritten codes show
         errors = torch.full((n, c2 - c0), float("nan"), device="cuda")
-        loop(wi, upper, s, per_column, codes, errors, c0, c0, c1, c2)
+        loop(wi, upper, s, per_column, codes, errors, c0, c0, c1, c2, rule)
         outs.append((wi, codes, errors))
     (w_k, codes_k, err_k), (w_t, codes_t, err_t) = outs
     assert torch.equal(codes_k[:, :c0], codes_t[:, :c0]) and bool((codes_k[:, :c0] == 0xEE).all())
@@ -77,6 +83,21 @@ def test_gptq_on_the_kernel_matches_the_torch_loop(act_order: str, group_size: i
         assert close >= 0.995, f"{close:.4%} of group scales alike"
 
 
+@pytest.mark.parametrize("solve", [sparsegpt, magnitude_gptq])
+@pytest.mark.parametrize("group_size", [-1, 32, 128])
+def test_2_4_pruning_on_the_kernel_matches_the_torch_loop(solve, group_size: int) -> None:  # noqa: ANN001
+    w, h = correlated_problem(256, 1024, seed=3)
+    cfg = QuantConfig(group_size=group_size, sparse24=True)
+    fast = solve(w, h, cfg, columns=ops.gptq_block)
+    slow = solve(w, h, cfg)
+    same = (fast.codes == slow.codes).float().mean().item()
+    err_fast, err_slow = weighted_error(w - fast.weight(), h), weighted_error(w - slow.weight(), h)
+    print(f"\n{solve.__name__} g={group_size}: {same:.4%} codes identical, error {err_fast / err_slow:.6f}x")
+    assert int((fast.codes != 8).reshape(256, 4, 256).sum(1).max()) <= 2  # 2:4 along K
+    assert same >= 0.999
+    assert abs(err_fast / err_slow - 1) <= 1e-3
+
+
 def test_bad_arguments_are_refused_before_launch() -> None:
     w, h = correlated_problem(16, 256, seed=0)
     upper = torch.eye(256, device="cuda")
@@ -89,3 +110,7 @@ def test_bad_arguments_are_refused_before_launch() -> None:
         ops.gptq_block(w.double(), upper, s, False, codes, errors, 0, 0, 64, 64)
     with pytest.raises(ShapeError, match="scale"):
         ops.gptq_block(w, upper, s, True, codes, errors, 0, 0, 64, 64)  # per-column scales need (N, K)
+    with pytest.raises(ShapeError, match="multiple of 4"):
+        ops.gptq_block(w, upper, s, False, codes, errors, 0, 2, 64, 64, saliency_prune)
+    with pytest.raises(ShapeError, match="in torch"):
+        ops.gptq_block(w, upper, s, False, codes, errors, 0, 0, 64, 64, lambda j, x, d: x > 0)
