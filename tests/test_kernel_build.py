@@ -42,3 +42,19 @@ def test_the_wgmma_kernel_is_enabled_only_for_sm90a(arches: str, wgmma: bool) ->
     flags = build.cuda_flags(arches)
     assert ("-DMARLIN_SM90A" in flags) == wgmma
     assert flags[: len(build.CUDA_FLAGS)] == list(build.CUDA_FLAGS)
+
+
+def test_a_build_is_announced_only_when_the_cache_lacks_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """needs_build() says whether the first kernel use compiles: the cached library is named by the sources' hash."""
+    monkeypatch.setenv("MARLIN_CLI_CACHE", str(tmp_path))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    monkeypatch.setattr(build, "kernel_problem", lambda *a: None)  # as on a GPU machine with nvcc
+    monkeypatch.setattr(build, "_loaded", None)
+    assert build.needs_build()
+    library = build._library("9.0a")
+    library.parent.mkdir(parents=True)
+    library.touch()
+    assert not build.needs_build()
+    monkeypatch.setattr(build, "kernel_problem", lambda *a: "no CUDA GPU")  # nothing to compile for
+    library.unlink()
+    assert not build.needs_build()

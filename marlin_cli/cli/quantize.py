@@ -18,6 +18,7 @@ from marlin_cli.cli.common import (
     ProgressView,
     ShardOpt,
     err_console,
+    note_kernel_build,
     print_json,
 )
 from marlin_cli.config import CalibConfig, QuantConfig, read_preset
@@ -159,6 +160,7 @@ def gptq_column_loop(job: Job) -> ColumnLoop | None:
     device = job_device(job)
     if device.type != "cuda" or job.quant.block_size > ops.GPTQ_MAX_COLS:
         return None
+    note_kernel_build(job.device)
     problem = ops.solver_problem(device)
     if problem is not None:
         err_console.print(f"note: GPTQ's column loop runs in torch, several times slower: {problem}", highlight=False)

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from marlin_cli.cli.common import DeviceOpt, JsonOpt, Timer, err_console, print_json
+from marlin_cli.cli.common import DeviceOpt, JsonOpt, Timer, err_console, note_kernel_build, print_json
 from marlin_cli.errors import CheckpointError, VerificationFailed
 from marlin_cli.io.checkpoint import REPORT
 from marlin_cli.verify import TOLERANCE, checksum_problems, model_check, verify_checkpoint
@@ -40,6 +40,7 @@ def verify_command(
     Example: marlin verify out/minilm-w4 --json
     """
     timer = Timer()
+    note_kernel_build(device)
     checks = verify_checkpoint(ckpt, device, seed)
     failed = [c for c in checks if not c.passed]
     tampered = checksum_problems(ckpt)

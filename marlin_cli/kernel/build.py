@@ -155,9 +155,8 @@ def build_kernels() -> Path:
 
         src = source_dir()
         arches = arch_list()
-        digest = _build_hash(src, arches)
-        name = f"marlin_cli_kernels_{digest}"
-        build_dir = cache_dir() / digest
+        library = _library(arches)
+        name, build_dir = library.stem, library.parent
         build_dir.mkdir(parents=True, exist_ok=True)
         old_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
         os.environ["TORCH_CUDA_ARCH_LIST"] = arches  # the explicit list; cpp_extension turns it into -gencode flags
@@ -179,8 +178,19 @@ def build_kernels() -> Path:
                 os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
             else:
                 os.environ["TORCH_CUDA_ARCH_LIST"] = old_arch
-        _loaded = build_dir / f"{name}.so"
+        _loaded = library
         return _loaded
+
+
+def _library(arches: str) -> Path:
+    """Where the kernel library for the current sources and `arches` is built and cached."""
+    digest = _build_hash(source_dir(), arches)
+    return cache_dir() / digest / f"marlin_cli_kernels_{digest}.so"
+
+
+def needs_build() -> bool:
+    """Whether using the kernels on the GPU present would compile them first (not loaded, not in the cache)."""
+    return _loaded is None and kernel_problem() is None and not _library(arch_list()).is_file()
 
 
 def load_kernel() -> None:
