@@ -3,7 +3,9 @@
 Columns are quantized one at a time in the order chosen by act-order; each column's rounding error, divided by the
 diagonal of the upper Cholesky factor U of H^-1, is propagated to the remaining columns of its block at once and to
 the rest of the matrix lazily at block end (the paper's section 3, "lazy batch updates"). The same loop prunes to 2:4
-when given a `Prune` rule (algo/sparsegpt.py): pruned weights become 0 and their error is propagated the same way.
+when given a `Prune` rule (SparseGPT's `saliency_prune` or a `FixedMask`, used by algo/sparsegpt.py): pruned weights
+become 0 and their error is propagated the same way. The loop over a block's columns is `_columns` in torch, or a
+`ColumnLoop` passed in (the CUDA kernel's, kernel.ops.gptq_block).
 """
 
 from __future__ import annotations
