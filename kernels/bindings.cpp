@@ -1,6 +1,6 @@
 // Registers the kernels as the torch custom ops marlin_cli::gemm (dense), marlin_cli::gemm24 (2:4) and
-// marlin_cli::gptq_block (the GPTQ column loop). Only argument plumbing lives here; the shape rules are enforced (with user-facing messages) in marlin_cli/kernel/ops.py and
-// re-checked below as a last line.
+// marlin_cli::gptq_block (the GPTQ column loop). Only argument plumbing lives here; the shape rules are enforced
+// (with user-facing messages) in marlin_cli/kernel/ops.py and re-checked below as a last line.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>

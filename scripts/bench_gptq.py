@@ -38,8 +38,8 @@ def timed(fn) -> tuple[float, object]:  # noqa: ANN001
 
 
 def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
-    """Seconds for the Hessian over TOKENS tokens, then the solve and the solve with clipping on the torch loop and
-    on the kernel; last, the fraction of codes both loops give alike (default settings)."""
+    """Seconds for the Hessian over TOKENS tokens, then the solve, the solve with clipping and SparseGPT's solve, each
+    on the torch loop and on the kernel; last, the fraction of codes both loops give alike (default settings)."""
     gen = torch.Generator(device=dev).manual_seed(0)
     mix = torch.randn(k, 64, device=dev, generator=gen) / 8  # correlated channels, like real activations
     x = torch.randn(CHUNK, k, device=dev, generator=gen) + torch.randn(CHUNK, 64, device=dev, generator=gen) @ mix.T
