@@ -1,7 +1,7 @@
-"""Time GPTQ on the GPU on Llama-sized layers: Hessian accumulation over 262,144 tokens, then the solve (plain, with
---clip, and SparseGPT's 2:4 solve), its column loop in torch and on the CUDA kernel (kernels/gptq.cu), in one
-process. Prints a table next to the reference figures of DESIGN.md section 7, and how many codes the two loops give
-alike.
+"""Time GPTQ on the GPU on Llama-sized layers: Hessian accumulation over 262,144 tokens (from float32 inputs and from
+fp16 ones), then the solve (plain, with --clip, and SparseGPT's 2:4 solve), its column loop in torch and on the CUDA
+kernel (kernels/gptq.cu), in one process. Prints a table next to the reference figures of DESIGN.md section 7, and
+how many codes the two loops give alike.
 
 Run on a GPU machine: python3 scripts/bench_gptq.py
 """
@@ -38,15 +38,18 @@ def timed(fn) -> tuple[float, object]:  # noqa: ANN001
 
 
 def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
-    """Seconds for the Hessian over TOKENS tokens, then the solve, the solve with clipping and SparseGPT's solve, each
-    on the torch loop and on the kernel; last, the fraction of codes both loops give alike (default settings)."""
+    """Seconds for the Hessian over TOKENS tokens (from float32, then from fp16 inputs), then the solve, the solve
+    with clipping and SparseGPT's solve, each on the torch loop and on the kernel; last, the fraction of codes both
+    loops give alike (default settings)."""
     gen = torch.Generator(device=dev).manual_seed(0)
     mix = torch.randn(k, 64, device=dev, generator=gen) / 8  # correlated channels, like real activations
     x = torch.randn(CHUNK, k, device=dev, generator=gen) + torch.randn(CHUNK, 64, device=dev, generator=gen) @ mix.T
     x = x.half()
     w = torch.randn(n, k, device=dev, generator=gen) * 0.02
-    h = Hessian(k, dev)
-    times = [timed(lambda: [h.add(x) for _ in range(TOKENS // CHUNK)])[0]]
+    times = []
+    for inputs in (x.float(), x):  # float32 inputs (a float32 model), then fp16 ones as the pipeline feeds them
+        h = Hessian(k, dev)
+        times.append(timed(lambda inputs=inputs, h=h: [h.add(inputs) for _ in range(TOKENS // CHUNK)])[0])
     results = []
     for cfg in (QuantConfig(), QuantConfig(clip=True)):
         for columns in (None, ops.gptq_block):
@@ -61,11 +64,12 @@ def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
 def main() -> None:
     dev = torch.device("cuda")
     bench_shape(1024, 1024, dev)  # warm-up: CUDA context, cuSOLVER handles, the kernels' build
-    head = ("hessian s", "ref", "solve torch", "kernel", "ref", "clip torch", "kernel", "ref", "2:4 torch", "kernel")
+    head = ("H fp32 in", "fp16 in", "ref", "solve torch", "kernel", "ref", "clip torch", "kernel", "ref")
+    head += ("2:4 torch", "kernel")
     print(f"{'K x N':>14} " + " ".join(f"{h:>11}" for h in head) + f" {'same codes':>11}")
     for (k, n), (ref_h, ref_s, ref_c) in SHAPES.items():
-        t_h, t_s, t_sk, t_c, t_ck, t_p, t_pk, same = bench_shape(k, n, dev)
-        row = (t_h, ref_h, t_s, t_sk, ref_s, t_c, t_ck, ref_c, t_p, t_pk)
+        t_h32, t_h, t_s, t_sk, t_c, t_ck, t_p, t_pk, same = bench_shape(k, n, dev)
+        row = (t_h32, t_h, ref_h, t_s, t_sk, ref_s, t_c, t_ck, ref_c, t_p, t_pk)
         print(f"{k:>6} x {n:<6} " + " ".join(f"{v:11.3f}" for v in row) + f" {same:11.4%}")
         torch.cuda.empty_cache()
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+# cuBLAS multiplies fp16 / bf16 matrices into a float32 result (torch.addmm's out_dtype, where this torch has it)
+_HALF_INPUTS_FLOAT_OUT = "dtype_out" in torch.ops.aten.addmm.overloads()
+
 
 class Hessian:
     """Running H for one group of layers that read the same input of width `columns`."""
@@ -14,13 +17,20 @@ class Hessian:
 
     def add(self, x: torch.Tensor) -> None:
         """Fold in a batch of inputs (..., columns)."""
-        x = x.reshape(-1, x.shape[-1]).to(self.matrix.device, torch.float32)
-        n = x.shape[0]
-        total = self.tokens + n
-        # rescale the old mean, then add the new tokens pre-scaled by sqrt(2/total): no running sum ever grows
-        self.matrix.mul_(self.tokens / total)
-        x = x * (2.0 / total) ** 0.5
-        self.matrix.addmm_(x.T, x)
+        x = x.reshape(-1, x.shape[-1]).to(self.matrix.device)
+        total = self.tokens + x.shape[0]
+        # H <- H * old/total + (2/total) x^T x: the old mean is rescaled and the batch's sum enters scaled, in one
+        # call, so no running sum grows with the token count
+        beta, alpha = self.tokens / total, 2.0 / total
+        if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and _HALF_INPUTS_FLOAT_OUT:
+            # fp16 / bf16 inputs go to the tensor cores unconverted: the products are exact in float32, the sums
+            # lose a few low bits (~2.5e-5 of the largest entry on the H200, against ~6e-7 from float32 inputs;
+            # tests/gpu/test_hessian.py), 400 times below the default damping. 28672-wide inputs over 262,144
+            # tokens: 7.98 s -> 0.67 s on the H200 (scripts/bench_gptq.py).
+            torch.addmm(self.matrix, x.T, x, beta=beta, alpha=alpha, out_dtype=torch.float32, out=self.matrix)
+        else:
+            x = x.float()
+            self.matrix.addmm_(x.T, x, beta=beta, alpha=alpha)
         self.tokens = total
 
 
