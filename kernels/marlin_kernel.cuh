@@ -33,6 +33,7 @@ namespace detail {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kSmemPerSm = 160 * 1024;  // shared memory per SM on every GPU built for, rounded down (sm_80: 164 KB)
 
 // ---------------------------------------------------------------------------------------------------------------
 // PTX wrappers
@@ -236,10 +237,15 @@ struct Cfg {
   // (+ 8 banks per row), or in TRANS scalar stores of rows 2t (+ 4 banks per row)
   static constexpr int RED_STRIDE = W + (TRANS ? 4 : 8);
   static constexpr int RED = R * RED_STRIDE;  // floats
-  static constexpr int SMEM = STAGES * STAGE * 16 + RED * 4;
   // Short chunks fit two blocks per SM (<= 128 registers): the second block computes while the first waits at its
   // per-stage barrier, which a single block of 8 warps cannot hide.
   static constexpr int MIN_BLOCKS = R <= 32 ? 2 : 1;
+  // The k warps' partial tiles take one reduction slice each (one round of stores; the reader adds the slices) where
+  // NK slices fit beside the ring for MIN_BLOCKS blocks per SM, else they add into one slice one after another
+  // (8-row chunks, 7B M = 1: -5%, perf-log f1).
+  static constexpr int RING = STAGES * STAGE * 16;
+  static constexpr int RED_SLICES = (RING + NK * RED * 4) * MIN_BLOCKS <= kSmemPerSm ? NK : 1;
+  static constexpr int SMEM = RING + RED_SLICES * RED * 4;
   static_assert(NK * NS == kWarps, "warps must tile the block");
   static_assert(KQ * NK == KT, "k warps must split a stage evenly");
   static_assert(TRANS || R % 16 == 0, "whole row tiles");
@@ -655,11 +661,15 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   // --- end of a run inside one column strip: add the k warps, then write C or a partial ------------------------
   const int groups8 = C::R * (C::W / 8);  // 8-column groups of the tile
   auto finish = [&](int col, int seg_begin, int seg_end) {
-    // 1. k warps add into `red` one after another (fixed order, so results are reproducible).
+    // 1. The k warps' tiles meet in `red`: each in its own slice in one round (RED_SLICES == NK; gather adds the
+    //    slices), or added into one slice one k warp after another. Either way the sum runs in k-warp order, so
+    //    results are reproducible and the same in both forms.
     const int g = lane / 4, t = lane % 4;
+    constexpr bool kSliced = C::RED_SLICES > 1;
+    float* const mine = red + (kSliced ? k_warp * C::RED : 0);
 #pragma unroll 1
-    for (int kw = 0; kw < C::NK; ++kw) {
-      if (k_warp == kw) {
+    for (int kw = 0; kw < C::NK; kw += C::RED_SLICES) {
+      if (kSliced || k_warp == kw) {
 #pragma unroll
         for (int i = 0; i < C::TILES; ++i)
 #pragma unroll
@@ -669,14 +679,14 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
               if constexpr (C::TRANS) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                  float* dst = red + (2 * t + e) * C::RED_STRIDE + n_warp * 64 + 16 * j + 8 * h + g;
-                  *dst = kw == 0 ? acc[i][j][2 * h + e] : *dst + acc[i][j][2 * h + e];
+                  float* dst = mine + (2 * t + e) * C::RED_STRIDE + n_warp * 64 + 16 * j + 8 * h + g;
+                  *dst = kSliced || kw == 0 ? acc[i][j][2 * h + e] : *dst + acc[i][j][2 * h + e];
                 }
               } else {
-                float2* dst = reinterpret_cast<float2*>(red + (16 * i + g + 8 * h) * C::RED_STRIDE + n_warp * 64 +
+                float2* dst = reinterpret_cast<float2*>(mine + (16 * i + g + 8 * h) * C::RED_STRIDE + n_warp * 64 +
                                                         8 * j + 2 * t);
                 float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                if (kw > 0) {
+                if (!kSliced && kw > 0) {
                   const float2 o = *dst;
                   v.x += o.x;
                   v.y += o.y;
@@ -714,6 +724,10 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
       const float* src = red + (e / (C::W / 8)) * C::RED_STRIDE + (e % (C::W / 8)) * 8;
 #pragma unroll
       for (int x = 0; x < 8; ++x) v[x] = src[x];
+#pragma unroll
+      for (int sl = 1; sl < C::RED_SLICES; ++sl)
+#pragma unroll
+        for (int x = 0; x < 8; ++x) v[x] += src[sl * C::RED + x];
     };
     write_strip<kThreads, C::W / 8>(p.partials, kMaxTileElems, chunk * p.blocks_per_chunk,
                                     p.counters + chunk * run.n_cols + col, s_last, run.bid, run.iters, col * k_tiles,
