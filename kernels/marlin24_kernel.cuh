@@ -73,10 +73,12 @@ struct Cfg {
   static constexpr int STAGE = A_STAGE + B_STAGE + M_STAGE + S_STAGE;
   static constexpr int RED_STRIDE = W + 4;  // floats; see red_col
   static constexpr int RED = R * RED_STRIDE;
-  static constexpr int SMEM = STAGES * STAGE * 16 + RED * 4;
   // Short chunks: 512 threads per SM for 8-row tiles (<= 128 registers), 384 for 16-row tiles (<= 168: their 64
   // accumulators plus fragments spill at 128), so one block's math covers another's waits where blocks are small.
   static constexpr int MIN_BLOCKS = TT == 1 ? 512 / THREADS : TT == 2 ? 384 / THREADS : 1;
+  static constexpr int RING = STAGES * STAGE * 16;
+  static constexpr int RED_SLICES = detail::red_slices(NK, RING, RED * 4, MIN_BLOCKS);  // meet_k_warps
+  static constexpr int SMEM = RING + RED_SLICES * RED * 4;
   static_assert(B_STAGE == 2 * KQ * THREADS && M_STAGE == KQ * THREADS, "every thread copies the same B and metadata");
   static_assert(S_STAGE <= KQ * THREADS, "KQ scale chunks per thread at most");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
@@ -288,33 +290,29 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   // --- end of a run inside one column strip: add the k warps, then write C or a partial ------------------------
   constexpr int groups8 = C::R * (C::W / 8);  // 8-column groups of the tile
   auto finish = [&](int col, int seg_begin, int seg_end) {
-    // 1. k warps add into `red` one after another (fixed order: reproducible). Accumulator (i, j, p, e) of lane
-    //    (g, t) is row 8i + 2t + e % 2, column 16g + j + 4p + 8 (e / 2) of the warp's strip.
-#pragma unroll 1
-    for (int kw = 0; kw < C::NK; ++kw) {
-      if (k_warp == kw) {
+    // 1. The k warps' tiles meet in `red` (meet_k_warps). Accumulator (i, j, p, e) of lane (g, t) is row
+    //    8i + 2t + e % 2, column 16g + j + 4p + 8 (e / 2) of the warp's strip.
+    detail::meet_k_warps<C::NK, C::RED_SLICES>(red, C::RED, k_warp, [&](float* tile, bool first) {
 #pragma unroll
-        for (int i = 0; i < C::TT; ++i)
+      for (int i = 0; i < C::TT; ++i)
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int q = 0; q < 2; ++q)
+          for (int q = 0; q < 2; ++q)
 #pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int row = 8 * i + 2 * t + (e & 1);
-                const int y = j + 4 * q + 8 * (e >> 1);
-                float* dst = red + row * C::RED_STRIDE + n_warp * 128 + 8 * y + g;
-                *dst = kw == 0 ? acc[i][j][q][e] : *dst + acc[i][j][q][e];
-              }
-      }
-      __syncthreads();
-    }
+            for (int e = 0; e < 4; ++e) {
+              const int row = 8 * i + 2 * t + (e & 1);
+              const int y = j + 4 * q + 8 * (e >> 1);
+              float* dst = tile + row * C::RED_STRIDE + n_warp * 128 + 8 * y + g;
+              *dst = first ? acc[i][j][q][e] : *dst + acc[i][j][q][e];
+            }
+    });
     // 2. 8 consecutive columns per thread: 16-byte stores of C.
     auto gather = [&](int e, float (&v)[8]) {
       const float* src = red + (e / (C::W / 8)) * C::RED_STRIDE;
       const int n0 = (e % (C::W / 8)) * 8;
 #pragma unroll
-      for (int x = 0; x < 8; ++x) v[x] = src[red_col(n0 + x)];
+      for (int x = 0; x < 8; ++x) v[x] = detail::met<C::RED_SLICES>(src + red_col(n0 + x), C::RED);
     };
     auto store = [&](int e, const float (&v)[8]) {
       const int r = e / (C::W / 8);

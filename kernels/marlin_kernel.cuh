@@ -35,6 +35,12 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kSmemPerSm = 160 * 1024;  // shared memory per SM on every GPU built for, rounded down (sm_80: 164 KB)
 
+// How many slices meet_k_warps gets: NK where they fit beside the ring (bytes) for `blocks` blocks per SM, else one.
+// One round of stores instead of NK: 8-row chunks, 7B M = 1 -5% (perf-log f1).
+constexpr int red_slices(int nk, int ring, int red_bytes, int blocks) {
+  return (ring + nk * red_bytes) * blocks <= kSmemPerSm ? nk : 1;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // PTX wrappers
 // ---------------------------------------------------------------------------------------------------------------
@@ -240,11 +246,8 @@ struct Cfg {
   // Short chunks fit two blocks per SM (<= 128 registers): the second block computes while the first waits at its
   // per-stage barrier, which a single block of 8 warps cannot hide.
   static constexpr int MIN_BLOCKS = R <= 32 ? 2 : 1;
-  // The k warps' partial tiles take one reduction slice each (one round of stores; the reader adds the slices) where
-  // NK slices fit beside the ring for MIN_BLOCKS blocks per SM, else they add into one slice one after another
-  // (8-row chunks, 7B M = 1: -5%, perf-log f1).
   static constexpr int RING = STAGES * STAGE * 16;
-  static constexpr int RED_SLICES = (RING + NK * RED * 4) * MIN_BLOCKS <= kSmemPerSm ? NK : 1;
+  static constexpr int RED_SLICES = red_slices(NK, RING, RED * 4, MIN_BLOCKS);  // meet_k_warps
   static constexpr int SMEM = RING + RED_SLICES * RED * 4;
   static_assert(NK * NS == kWarps, "warps must tile the block");
   static_assert(KQ * NK == KT, "k warps must split a stage evenly");
@@ -462,6 +465,30 @@ __device__ __forceinline__ void write_strip(float* partials, int64_t slot_elems,
                seg_end, whole, save, reduce);
 }
 
+// The k warps' partial tiles of a block meet in shared memory at the end of a run. With SLICES == NK every k warp
+// stores its tile into its own slice (`slice` floats apart) in one round, and the reader adds the slices (met());
+// with SLICES == 1 they add into one tile one k warp after another, a block barrier each. Both sum in k-warp
+// order, so results are reproducible and the same either way. put(tile, first) stores the warp's values into tile
+// (first) or adds them.
+template <int NK, int SLICES, class Put>
+__device__ __forceinline__ void meet_k_warps(float* red, int slice, int k_warp, Put&& put) {
+  float* const mine = red + (SLICES > 1 ? k_warp * slice : 0);
+#pragma unroll 1
+  for (int kw = 0; kw < NK; kw += SLICES) {
+    if (SLICES > 1 || k_warp == kw) put(mine, SLICES > 1 || kw == 0);
+    __syncthreads();
+  }
+}
+
+// Element src of the met tile.
+template <int SLICES>
+__device__ __forceinline__ float met(const float* src, int slice) {
+  float v = src[0];
+#pragma unroll
+  for (int s = 1; s < SLICES; ++s) v += src[s * slice];
+  return v;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Partition and main loop (all three kernels)
 // ---------------------------------------------------------------------------------------------------------------
@@ -661,42 +688,34 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   // --- end of a run inside one column strip: add the k warps, then write C or a partial ------------------------
   const int groups8 = C::R * (C::W / 8);  // 8-column groups of the tile
   auto finish = [&](int col, int seg_begin, int seg_end) {
-    // 1. The k warps' tiles meet in `red`: each in its own slice in one round (RED_SLICES == NK; gather adds the
-    //    slices), or added into one slice one k warp after another. Either way the sum runs in k-warp order, so
-    //    results are reproducible and the same in both forms.
+    // 1. The k warps' tiles meet in `red` (meet_k_warps).
     const int g = lane / 4, t = lane % 4;
-    constexpr bool kSliced = C::RED_SLICES > 1;
-    float* const mine = red + (kSliced ? k_warp * C::RED : 0);
-#pragma unroll 1
-    for (int kw = 0; kw < C::NK; kw += C::RED_SLICES) {
-      if (kSliced || k_warp == kw) {
+    meet_k_warps<C::NK, C::RED_SLICES>(red, C::RED, k_warp, [&](float* tile, bool first) {
 #pragma unroll
-        for (int i = 0; i < C::TILES; ++i)
+      for (int i = 0; i < C::TILES; ++i)
 #pragma unroll
-          for (int j = 0; j < C::SUB; ++j)
+        for (int j = 0; j < C::SUB; ++j)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              if constexpr (C::TRANS) {
+          for (int h = 0; h < 2; ++h) {
+            if constexpr (C::TRANS) {
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  float* dst = mine + (2 * t + e) * C::RED_STRIDE + n_warp * 64 + 16 * j + 8 * h + g;
-                  *dst = kSliced || kw == 0 ? acc[i][j][2 * h + e] : *dst + acc[i][j][2 * h + e];
-                }
-              } else {
-                float2* dst = reinterpret_cast<float2*>(mine + (16 * i + g + 8 * h) * C::RED_STRIDE + n_warp * 64 +
-                                                        8 * j + 2 * t);
-                float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                if (!kSliced && kw > 0) {
-                  const float2 o = *dst;
-                  v.x += o.x;
-                  v.y += o.y;
-                }
-                *dst = v;
+              for (int e = 0; e < 2; ++e) {
+                float* dst = tile + (2 * t + e) * C::RED_STRIDE + n_warp * 64 + 16 * j + 8 * h + g;
+                *dst = first ? acc[i][j][2 * h + e] : *dst + acc[i][j][2 * h + e];
               }
+            } else {
+              float2* dst =
+                  reinterpret_cast<float2*>(tile + (16 * i + g + 8 * h) * C::RED_STRIDE + n_warp * 64 + 8 * j + 2 * t);
+              float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+              if (!first) {
+                const float2 o = *dst;
+                v.x += o.x;
+                v.y += o.y;
+              }
+              *dst = v;
             }
-      }
-      __syncthreads();
-    }
+          }
+    });
     // 2. 8 consecutive columns per thread: 16-byte stores of C.
     auto store = [&](int e, const float (&v)[8]) {
       const int r = e / (C::W / 8), c8 = e % (C::W / 8);
@@ -723,11 +742,7 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
     auto gather = [&](int e, float (&v)[8]) {
       const float* src = red + (e / (C::W / 8)) * C::RED_STRIDE + (e % (C::W / 8)) * 8;
 #pragma unroll
-      for (int x = 0; x < 8; ++x) v[x] = src[x];
-#pragma unroll
-      for (int sl = 1; sl < C::RED_SLICES; ++sl)
-#pragma unroll
-        for (int x = 0; x < 8; ++x) v[x] += src[sl * C::RED + x];
+      for (int x = 0; x < 8; ++x) v[x] = met<C::RED_SLICES>(src + x, C::RED);
     };
     write_strip<kThreads, C::W / 8>(p.partials, kMaxTileElems, chunk * p.blocks_per_chunk,
                                     p.counters + chunk * run.n_cols + col, s_last, run.bid, run.iters, col * k_tiles,

@@ -5,7 +5,7 @@ compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_k
 
 Build the kernel first (any call of marlin_cli.kernel.ops.gemm on a GPU), so the sanitizer only sees launches.
 The shapes cover every chunk height, strip width, group kind, act-order, ragged m and the split-k fixup, for the
-sm_80 kernel (m <= 32, or n not a multiple of 256) and the wgmma kernel (m > 32 on the H200).
+sm_80 kernel (m <= 32, or n not a multiple of 256) and the wgmma kernel (m > 32 on the H200), then the 2:4 kernel.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 
-from gpu_helpers import dequantize_gpu, random_operands, rel_error  # noqa: E402
+from gpu_helpers import dequantize_gpu, random_operands, random_operands24, rel_error  # noqa: E402
 
-from marlin_cli.kernel import ops  # noqa: E402
+from marlin_cli.kernel import ops, reference  # noqa: E402
 
 CASES = [  # m, k, n, group, act_order
     (1, 1024, 256, 128, False),
@@ -32,6 +32,12 @@ CASES = [  # m, k, n, group, act_order
     (100, 384, 384, 128, True),
     (64, 2048, 256, 128, False),  # wgmma kernel: one strip in 8 parts
     (100, 512, 512, -1, True),  # wgmma kernel: two chunks, per-channel scales
+]
+CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and the split-k fixup
+    (1, 1024, 256, 128),
+    (8, 512, 128, -1),
+    (16, 2048, 256, 32),
+    (33, 512, 384, 128),
 ]
 
 
@@ -46,6 +52,11 @@ def main() -> int:
         err = rel_error(c, ref)
         worst = max(worst, err)
         print(f"m={m} k={k} n={n} g={group} act_order={act_order}: relative error {err:.2e}")
+    for m, k, n, group in CASES24:
+        a, b24, meta, s = random_operands24(m, k, n, group, seed=m)
+        err = rel_error(ops.gemm24(a, b24, meta, s), a.float() @ reference.dequantize24(b24, meta, s))
+        worst = max(worst, err)
+        print(f"2:4 m={m} k={k} n={n} g={group}: relative error {err:.2e}")
     torch.cuda.synchronize()
     return 0 if worst <= 2e-3 else 1
 
