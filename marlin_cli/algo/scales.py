@@ -12,6 +12,9 @@ CLIP_FACTORS = tuple(1.0 - 0.025 * i for i in range(17)) + (8 / 7.5,)
 FP16_SUBNORMAL_MIN = 2.0**-24
 FP16_MAX = 65504.0
 LARGEST_WEIGHT = FP16_MAX * 7.5  # larger weights need a scale fp16 cannot hold: it is clamped, they saturate
+# Weights the clipping search takes per pass (whole groups): on a GPU many, so a layer costs a few hundred launches
+# instead of a dozen per group and factor; on the CPU few enough that its temporaries stay in cache.
+SEARCH_ELEMENTS = {"cuda": 1 << 24, "cpu": 1 << 19}
 
 
 def to_fp16_grid(scale: torch.Tensor) -> torch.Tensor:
@@ -19,37 +22,49 @@ def to_fp16_grid(scale: torch.Tensor) -> torch.Tensor:
     return scale.clamp(min=FP16_SUBNORMAL_MIN, max=FP16_MAX).to(torch.float16).to(scale.dtype)
 
 
-def absmax_scales(w: torch.Tensor) -> torch.Tensor:
-    """(N, g) group of weights -> (N,) scales from each row's absolute maximum."""
-    return to_fp16_grid(w.abs().amax(dim=1) / 7.5)
+def absmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """max |x| along dim, without the copy that x.abs() would make (5x faster on the CPU for a 4096 x 4096 layer)."""
+    return torch.maximum(x.amax(dim), -x.amin(dim))
 
 
 def clip_scales(w: torch.Tensor, hessian: torch.Tensor | None) -> torch.Tensor:
-    """(N, g) group -> (N,) scales minimising the row error d H d^T (d = w - dequant(w)) over CLIP_FACTORS.
+    """(N, G, g) groups -> (N, G) scales minimising each group row's error d H d^T (d = w - dequant(w)) over
+    CLIP_FACTORS (the first of equal errors wins, so the unclipped absmax scale unless another is better).
 
-    hessian: the (g, g) block of the layer Hessian for these columns, or None for plain squared error.
+    hessian: (G, g, g), each group's diagonal block of the layer Hessian, or None for plain squared error.
     """
-    amax = w.abs().amax(dim=1)
+    amax = absmax(w, 2)
     best_err = torch.full_like(amax, float("inf"))
-    best = absmax_scales(w)
+    best = to_fp16_grid(amax / 7.5)
     for factor in CLIP_FACTORS:
-        s = to_fp16_grid(amax * factor / 7.5).unsqueeze(1)
+        s = to_fp16_grid(amax * factor / 7.5).unsqueeze(2)
         d = w - grid.decode(grid.encode(w, s), s)
-        err = ((d @ hessian) * d).sum(1) if hessian is not None else d.square().sum(1)
+        if hessian is None:
+            err = d.square().sum(2)
+        else:  # each group's rows d @ H_group, batched over the groups
+            d = d.transpose(0, 1)
+            err = (torch.bmm(d, hessian) * d).sum(2).T
         better = err < best_err
         best_err = torch.where(better, err, best_err)
-        best = torch.where(better, s.squeeze(1), best)
+        best = torch.where(better, s.squeeze(2), best)
     return best
 
 
 def group_scales(w: torch.Tensor, group_size: int, hessian: torch.Tensor | None, clip: bool) -> torch.Tensor:
     """(N, K) weights -> (N, K/g) scales of contiguous column groups (g = K when group_size is -1)."""
-    g = w.shape[1] if group_size == -1 else group_size
-    out = []
-    for c in range(0, w.shape[1], g):
-        block = w[:, c : c + g]
-        if clip:
-            out.append(clip_scales(block, None if hessian is None else hessian[c : c + g, c : c + g]))
-        else:
-            out.append(absmax_scales(block))
-    return torch.stack(out, dim=1)
+    n, k = w.shape
+    g = k if group_size == -1 else group_size
+    groups = w.reshape(n, k // g, g)
+    if not clip:
+        return to_fp16_grid(absmax(groups, 2) / 7.5)
+    blocks = None
+    if hessian is not None:  # the diagonal (g, g) blocks, (G, g, g)
+        blocks = hessian.reshape(k // g, g, k // g, g).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+    step = max(1, SEARCH_ELEMENTS.get(w.device.type, SEARCH_ELEMENTS["cpu"]) // (n * g))
+    return torch.cat(
+        [
+            clip_scales(groups[:, c : c + step], None if blocks is None else blocks[c : c + step])
+            for c in range(0, k // g, step)
+        ],
+        dim=1,
+    )
