@@ -58,12 +58,19 @@ class FixedMask:
 def inverse_cholesky(hessian: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
     """Upper Cholesky factor of (H + d * mean(diag H) * I)^-1, raising d tenfold on failure; returns (U, d)."""
     mean_diag = torch.diag(hessian).mean()
-    eye = torch.eye(hessian.shape[0], dtype=hessian.dtype, device=hessian.device)
     for attempt in range(DAMP_RETRIES):
         d = damp * 10**attempt
-        lower, info = torch.linalg.cholesky_ex(hessian + d * mean_diag * eye)
+        # at most two K x K matrices besides H at a time (3.3 GB each for K = 28672 in float32; four before): no
+        # identity matrix, and every intermediate dropped once used
+        damped = hessian.clone()
+        damped.diagonal().add_(d * mean_diag)
+        lower, info = torch.linalg.cholesky_ex(damped)
+        del damped
         if info == 0:
-            upper, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(lower), upper=True)
+            inverse = torch.cholesky_inverse(lower)
+            del lower
+            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+            del inverse
             if info == 0 and bool(torch.isfinite(upper).all()):
                 return upper, d
     raise NumericalError(
