@@ -58,7 +58,8 @@ def dry_run(job: Job) -> dict[str, Any]:
     block_bytes = max(sum(p.numel() for p in b.parameters()) for b in blocks) * dtype.itemsize
     outside = sum(sizes[k] for k in sizes if not k.startswith(f"{blocks_name}."))
     widest = max((r.in_features, r.out_features) for r in plan.values())
-    solve_bytes = 4 * (widest[0] ** 2 * 3 + widest[0] * widest[1] * 4)  # Hessian, its factor and inverse; W copies
+    # the Hessian, GPTQ's working copy of it and two factorization intermediates at a time; copies of W
+    solve_bytes = 4 * (widest[0] ** 2 * 4 + widest[0] * widest[1] * 4)
     calibrated = job.quant.method is not Method.RTN
     acts = job.calib.nsamples * seqlen * hidden * dtype.itemsize if calibrated else 0
     return {
