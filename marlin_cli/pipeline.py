@@ -274,7 +274,7 @@ def _solve(
     """Quantize one layer, write its dequantized weights back (later layers calibrate on them) and fill `report`."""
     started = time.perf_counter()
     w = weight_matrix(module).float()
-    if float(w.abs().max()) > LARGEST_WEIGHT:  # e.g. bf16 outliers: the layer is still stored, and says so
+    if max(float(w.amax()), -float(w.amin())) > LARGEST_WEIGHT:  # e.g. bf16 outliers: stored still, and said so
         report.reason = f"weights beyond {LARGEST_WEIGHT:.3g} saturate: fp16 scales are clamped to {FP16_MAX:g}"
     baseline = (magnitude_rtn if cfg.sparse24 else rtn)(w, cfg.group_size, cfg.clip and hessian is None)
     result = baseline
@@ -285,16 +285,17 @@ def _solve(
             report.reason = "; ".join(filter(None, [report.reason, f"{e}: RTN"]))
     report.method = method_name(cfg) if result is not baseline else "rtn"
     report.damp = result.damp if result is not baseline else None
+    dequantized = result.weight()
     if hessian is not None:
         total = weighted_error(w, hessian.matrix)
-        report.error = weighted_error(w - result.weight(), hessian.matrix) / total
+        report.error = weighted_error(w - dequantized, hessian.matrix) / total
         report.rtn_error = weighted_error(w - baseline.weight(), hessian.matrix) / total
         if result is not baseline and report.method == "sparsegpt":  # the baseline SparseGPT must beat
             magnitude = magnitude_gptq(w, hessian.matrix, cfg, columns)
             report.magnitude_error = weighted_error(w - magnitude.weight(), hessian.matrix) / total
     else:
-        report.error = report.rtn_error = float((w - result.weight()).square().sum() / w.square().sum())
-    set_weight_matrix(module, result.weight())
+        report.error = report.rtn_error = float((w - dequantized).square().sum() / w.square().sum())
+    set_weight_matrix(module, dequantized)
     report.seconds = round(time.perf_counter() - started, 4)
     return result
 

@@ -5,12 +5,26 @@ from __future__ import annotations
 import pytest
 import torch
 
+from marlin_cli import grid
 from marlin_cli.algo.gptq import gptq
 from marlin_cli.config import QuantConfig
 from marlin_cli.errors import ShapeError
 from marlin_cli.formats import marlin
 
 SHAPES = [(128, 64), (256, 192), (384, 1536), (1536, 384)]
+
+
+@pytest.mark.parametrize(("dtype", "bits"), [(torch.int32, 32), (torch.int16, 16)])
+def test_nibble_packing_matches_shifts_and_sums(dtype: torch.dtype, bits: int) -> None:
+    """grid.pack_nibbles (bytes of a word reinterpreted) against the arithmetic definition: entry i times 16**i,
+    summed, as a two's-complement word; unpack_nibbles must invert it."""
+    per = bits // 4
+    values = torch.randint(0, 16, (37, 5, per), generator=torch.Generator().manual_seed(bits), dtype=torch.uint8)
+    sums = (values.to(torch.int64) << torch.arange(0, bits, 4)).sum(-1)
+    want = torch.where(sums >= 2 ** (bits - 1), sums - 2**bits, sums).to(dtype)
+    packed = grid.pack_nibbles(values, dtype)
+    assert packed.dtype == dtype and torch.equal(packed, want)
+    assert torch.equal(grid.unpack_nibbles(packed), values)
 
 
 @pytest.mark.parametrize("k,n", SHAPES, ids=[f"{k}x{n}" for k, n in SHAPES])

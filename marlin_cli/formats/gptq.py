@@ -35,6 +35,8 @@ def pack_along(values: torch.Tensor, dim: int, bits: int = 4) -> torch.Tensor:
     if v.shape[-1] % per:
         raise ShapeError(f"{v.shape[-1]} values along dim {dim} is not a multiple of {per} ({bits}-bit packing)")
     v = v.reshape(*v.shape[:-1], -1, per)  # (..., L/per, per)
+    if bits == grid.BITS:
+        return grid.pack_nibbles(v).movedim(-1, dim).contiguous()
     words = (v << torch.arange(0, 32, bits, dtype=torch.int64)).sum(-1)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     return words.movedim(-1, dim).contiguous()
@@ -42,8 +44,11 @@ def pack_along(values: torch.Tensor, dim: int, bits: int = 4) -> torch.Tensor:
 
 def unpack_along(words: torch.Tensor, dim: int, bits: int = 4) -> torch.Tensor:
     """The exact inverse of `pack_along`: int32 -> uint8 codes, 32/bits times as long along `dim`."""
-    w = words.to(torch.int64).movedim(dim, -1) & 0xFFFFFFFF
-    v = (w.unsqueeze(-1) >> torch.arange(0, 32, bits, dtype=torch.int64)) & (2**bits - 1)  # (..., L, per)
+    if bits == grid.BITS:
+        v = grid.unpack_nibbles(words.to(torch.int32).movedim(dim, -1))  # (..., L, 8)
+    else:
+        w = words.to(torch.int64).movedim(dim, -1) & 0xFFFFFFFF
+        v = (w.unsqueeze(-1) >> torch.arange(0, 32, bits, dtype=torch.int64)) & (2**bits - 1)  # (..., L, per)
     return v.reshape(*v.shape[:-2], -1).movedim(-1, dim).to(torch.uint8).contiguous()
 
 

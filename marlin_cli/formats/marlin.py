@@ -11,6 +11,7 @@ import functools
 
 import torch
 
+from marlin_cli import grid
 from marlin_cli.config import GROUP_SIZES
 from marlin_cli.errors import ShapeError
 
@@ -65,25 +66,20 @@ def pack_weight(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes (K, N) in 0..15 -> int32 (K/16, 2N) in the Marlin tile order."""
     k, n = codes.shape
     _check_tiles(k, n)
-    t = codes.to(torch.int64).reshape(k // TILE, TILE, n // TILE, TILE).permute(0, 2, 1, 3)  # (K/16, N/16, 16, 16)
+    t = codes.to(torch.uint8).reshape(k // TILE, TILE, n // TILE, TILE).permute(0, 2, 1, 3)  # (K/16, N/16, 16, 16)
     t = t.reshape(-1, 1024)[:, weight_perm()]  # one row per 16x64 strip
-    t = t.reshape(k // TILE, 2 * n, 8)  # 8 nibbles per int32 column
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
-    words = (t << shifts).sum(-1)  # < 2**32, fits int64
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return grid.pack_nibbles(t.reshape(k // TILE, 2 * n, 8))  # 8 nibbles per int32 column
 
 
 def unpack_weight(packed: torch.Tensor) -> torch.Tensor:
     """int32 (K/16, 2N) -> uint8 codes (K, N); the exact inverse of `pack_weight`."""
     k, n = packed.shape[0] * TILE, packed.shape[1] // 2
     _check_tiles(k, n)
-    words = packed.to(torch.int64) & 0xFFFFFFFF
-    t = (words.unsqueeze(-1) >> torch.arange(0, 32, 4, dtype=torch.int64)) & 0xF  # (K/16, 2N, 8)
-    t = t.reshape(-1, 1024)
+    t = grid.unpack_nibbles(packed).reshape(-1, 1024)
     out = torch.empty_like(t)
     out[:, weight_perm()] = t
     out = out.reshape(k // TILE, n // TILE, TILE, TILE).permute(0, 2, 1, 3)  # (K/16, 16, N/16, 16)
-    return out.reshape(k, n).to(torch.uint8)
+    return out.reshape(k, n)
 
 
 def pack_scales(scales: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 
 from marlin_cli.errors import CheckpointError, ShapeError
 from marlin_cli.formats import marlin
-from marlin_cli.grid import ZERO
+from marlin_cli.grid import ZERO, pack_nibbles, unpack_nibbles
 
 TILE = 16
 
@@ -92,26 +92,22 @@ def _group_size(k: int, groups: int) -> int:
     return -1 if groups == 1 else k // groups
 
 
-def _to_int(words: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
-    """Non-negative int64 values below 2**bits -> the signed integer dtype of that width (two's complement)."""
-    return torch.where(words >= 2 ** (bits - 1), words - 2**bits, words).to(dtype)
-
-
-def _pack_nibbles(t: torch.Tensor) -> torch.Tensor:
-    """int64 (..., 8) values 0..15 -> int32 (...): entry i in bits 4i..4i+3."""
-    return _to_int((t << torch.arange(0, 32, 4, dtype=torch.int64, device=t.device)).sum(-1), 32, torch.int32)
-
-
-def _unpack_nibbles(words: torch.Tensor, count: int) -> torch.Tensor:
-    """The low `count` nibbles of each (sign-agnostic) integer -> int64 (..., count)."""
-    shifts = torch.arange(0, 4 * count, 4, dtype=torch.int64, device=words.device)
-    return (words.to(torch.int64).unsqueeze(-1) >> shifts) & 0xF
+@functools.cache
+def _kept_table() -> torch.Tensor:
+    """(16, 2) int64: the positions idx0 < idx1 a group of 4 stores, for each mask of its non-zero positions (bit i:
+    position i): its non-zeros first, then its lowest zero positions, so `unpack` gives back the codes exactly."""
+    rows = []
+    for mask in range(16):
+        nonzero = [i for i in range(4) if mask >> i & 1]
+        zero = [i for i in range(4) if not mask >> i & 1]
+        rows.append(sorted((nonzero + zero)[:2]))
+    return torch.tensor(rows)
 
 
 def _check_24(codes: torch.Tensor) -> torch.Tensor:
     """Bool (K/4, 4, N) nonzero mask of the codes; ShapeError naming the first group with more than 2 nonzeros."""
     k, n = codes.shape
-    nonzero = (codes.to(torch.int64) != ZERO).reshape(k // 4, 4, n)
+    nonzero = (codes != ZERO).reshape(k // 4, 4, n)
     bad = (nonzero.sum(1) > 2).nonzero()
     if len(bad):
         group, col = (int(x) for x in bad[0])
@@ -136,20 +132,19 @@ def pack(codes: torch.Tensor, scales: torch.Tensor) -> dict[str, torch.Tensor]:
     if int(codes.min()) < 0 or int(codes.max()) > 15:
         raise ShapeError(f"codes must be 4-bit (0..15), got {int(codes.min())}..{int(codes.max())}")
     dev = codes.device
-    nonzero = _check_24(codes)
-    # kept positions: non-zeros first, then the lowest zero positions; stored in increasing order (idx0 < idx1)
-    position = torch.arange(4, device=dev).view(1, 4, 1)
-    kept = torch.topk(nonzero.to(torch.int64) * 4 + 3 - position, 2, dim=1).indices.sort(dim=1).values  # (K/4, 2, N)
-    values = torch.gather(codes.to(torch.int64).reshape(k // 4, 4, n), 1, kept).reshape(k // 2, n)
+    nz = _check_24(codes).to(torch.uint8)
+    mask = nz[:, 0] | nz[:, 1] << 1 | nz[:, 2] << 2 | nz[:, 3] << 3  # (K/4, N): bit i set where position i is non-zero
+    kept = _kept_table().to(dev)[mask.long()].permute(0, 2, 1)  # (K/4, 2, N)
+    values = torch.gather(codes.reshape(k // 4, 4, n), 1, kept).reshape(k // 2, n)
 
     t = values.reshape(k // 32, TILE, n // TILE, TILE).permute(0, 2, 1, 3)  # (K/32, N/16, 16, 16): 16x16 tiles
-    b24 = _pack_nibbles(t.reshape(-1, 1024)[:, weight_perm().to(dev)].reshape(k // 32, 2 * n, 8))
+    b24 = pack_nibbles(t.reshape(-1, 1024)[:, weight_perm().to(dev)].reshape(k // 32, 2 * n, 8))
 
     nibbles = (kept[:, 0] | kept[:, 1] << 2).reshape(k // 16, 4, n)  # (K/16, 4, N): 4 groups of 4 per 16 K
-    words = (nibbles << torch.arange(0, 16, 4, device=dev).view(1, 4, 1)).sum(1)  # (K/16, N)
+    words = pack_nibbles(nibbles.transpose(1, 2), torch.int16)  # (K/16, N)
     m = words.t().reshape(n // 32, 32, k // 32, 2).permute(2, 0, 1, 3)  # (K/32, N/32, 32 columns, 2 K halves)
     m = m.reshape(k // 32, n // 32, 64)[:, :, meta_perm().to(dev)]
-    meta = _to_int(m.reshape(k // 32, 2 * n), 16, torch.int16)
+    meta = m.reshape(k // 32, 2 * n)
 
     groups = scales.shape[0]
     perm = scale_perm(groups > 1).to(scales.device)
@@ -171,7 +166,7 @@ def unpack(b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> tuple[torc
     _check_shape(k, n, _group_size(k, s.shape[0]))
 
     dev = b24.device
-    t = _unpack_nibbles(b24, 8).reshape(-1, 1024)
+    t = unpack_nibbles(b24).reshape(-1, 1024)
     strips = torch.empty_like(t)
     strips[:, weight_perm().to(dev)] = t
     values = strips.reshape(k // 32, n // TILE, TILE, TILE).permute(0, 2, 1, 3).reshape(k // 2, n)
@@ -180,8 +175,8 @@ def unpack(b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> tuple[torc
     src = torch.empty_like(m)
     src[:, :, meta_perm().to(dev)] = m
     words = src.reshape(k // 32, n // 32, 32, 2).permute(1, 2, 0, 3).reshape(n, k // 16)  # (N, K/16)
-    nibbles = _unpack_nibbles(words, 4).permute(1, 2, 0).reshape(k // 4, n)  # (K/4, N)
-    kept = torch.stack([nibbles & 3, nibbles >> 2], dim=1)  # (K/4, 2, N)
+    nibbles = unpack_nibbles(words).permute(1, 2, 0).reshape(k // 4, n)  # (K/4, N)
+    kept = torch.stack([nibbles & 3, nibbles >> 2], dim=1).to(torch.int64)  # (K/4, 2, N), scatter's index
     bad = (kept[:, 0] >= kept[:, 1]).nonzero()
     if len(bad):
         group, col = (int(x) for x in bad[0])
@@ -189,11 +184,11 @@ def unpack(b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> tuple[torc
             f"B_meta: the metadata nibble of rows {4 * group}..{4 * group + 3}, column {col} is "
             f"{int(nibbles[group, col]):#06b}; it must name two positions idx0 < idx1 (the tensor is corrupt)"
         )
-    codes = torch.full((k // 4, 4, n), ZERO, dtype=torch.int64, device=dev)
+    codes = torch.full((k // 4, 4, n), ZERO, dtype=torch.uint8, device=dev)
     codes.scatter_(1, kept, values.reshape(k // 4, 2, n))
 
     groups = s.shape[0]
     perm = scale_perm(groups > 1).to(dev)
     scales = torch.empty(groups * n // 64, 64, dtype=torch.float32, device=dev)
     scales[:, perm] = s.to(dev).float().reshape(-1, 64)
-    return codes.reshape(k, n).to(torch.uint8), scales.reshape(groups, n)
+    return codes.reshape(k, n), scales.reshape(groups, n)
