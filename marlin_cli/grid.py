@@ -24,9 +24,12 @@ def decode(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return codes.to(scale.dtype, copy=True).sub_(ZERO).mul_(scale)  # in place on the one copy
 
 
-def expand_groups(scales: torch.Tensor, rows: int) -> torch.Tensor:
-    """(K/g, N) group scales -> (K, N): each group's row repeated over its g input rows."""
-    return scales.repeat_interleave(rows // scales.shape[0], dim=0)
+def decode_groups(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Codes (K, N) with group scales (K/g, N), each for g consecutive rows -> values (K, N) in the dtype of `scales`.
+    The scales broadcast over their groups' rows: no (K, N) copy of them."""
+    k, n = codes.shape
+    groups = scales.shape[0]
+    return decode(codes.reshape(groups, k // groups, n), scales.unsqueeze(1)).reshape(k, n)
 
 
 # Nibble packing for every format: entry i of a word in bits 4i..4i+3. Entries 2i and 2i + 1 make byte i, and a

@@ -6,7 +6,6 @@ import pytest
 import torch
 from gptq_reference import reference_gptq
 
-from marlin_cli import grid
 from marlin_cli.algo.gptq import gptq
 from marlin_cli.algo.hessian import Hessian, weighted_error
 from marlin_cli.algo.rtn import rtn
@@ -30,7 +29,7 @@ def correlated_problem(n: int, k: int, seed: int, tokens: int = 2048) -> tuple[t
 def stored_to_natural(result) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
     """(N, K) codes and per-column scales in the original column order."""
     k = result.codes.shape[0]
-    codes, scales = result.codes.double(), grid.expand_groups(result.scales.double(), k)
+    codes, scales = result.codes.double(), result.scales.double().repeat_interleave(k // result.scales.shape[0], dim=0)
     if result.perm is not None:
         codes = torch.empty_like(codes).index_copy_(0, result.perm, codes)
         scales = torch.empty_like(scales).index_copy_(0, result.perm, scales)

@@ -25,7 +25,7 @@ def random_layer(k: int, n: int, group_size: int, act_order: bool, seed: int = 0
 
 def dense(layer: Layer) -> torch.Tensor:
     """(N, K) float32 weight in the natural input order."""
-    w = grid.decode(layer.codes, grid.expand_groups(layer.scales, layer.codes.shape[0]))
+    w = grid.decode(layer.codes, layer.scales.repeat_interleave(layer.codes.shape[0] // layer.scales.shape[0], dim=0))
     if layer.perm is not None:
         w = torch.empty_like(w).index_copy_(0, layer.perm.long(), w)
     return w.T

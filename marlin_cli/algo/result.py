@@ -25,9 +25,7 @@ class QuantResult:
 
     def weight(self) -> torch.Tensor:
         """Dequantized weight (N, K) in the original input-channel order, float32."""
-        k, n = self.codes.shape
-        groups = self.scales.shape[0]  # each group's scales broadcast over its rows: no (K, N) copy of them
-        w = grid.decode(self.codes.reshape(groups, k // groups, n), self.scales.float().unsqueeze(1)).reshape(k, n)
+        w = grid.decode_groups(self.codes, self.scales.float())
         if self.perm is not None:
             w = torch.empty_like(w).index_copy_(0, self.perm, w)
         return w.T

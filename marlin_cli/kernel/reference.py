@@ -12,7 +12,7 @@ def dequantize(b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """Marlin-packed B int32 (K/16, 2N) and packed scales (K/g, N) -> float32 W (K, N) in stored row order."""
     codes = marlin.unpack_weight(b.cpu()).to(b.device)
     scales = marlin.unpack_scales(s.cpu()).to(s.device).float()
-    return grid.decode(codes, grid.expand_groups(scales, codes.shape[0]))
+    return grid.decode_groups(codes, scales)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor | None = None) -> torch.Tensor:
@@ -28,7 +28,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor |
 def dequantize24(b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """2:4 B_24 int32 (K/32, 2N), B_meta int16 (K/32, 2N), packed scales (G, N) -> float32 W (K, N) on b24's device."""
     codes, scales = marlin24.unpack(b24, meta, s)
-    return grid.decode(codes, grid.expand_groups(scales, codes.shape[0]))
+    return grid.decode_groups(codes, scales)
 
 
 def gemm24(a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
