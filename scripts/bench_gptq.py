@@ -13,7 +13,8 @@ import time
 import torch
 
 from marlin_cli.algo.gptq import gptq
-from marlin_cli.algo.hessian import Hessian
+from marlin_cli.algo.hessian import Hessian, weighted_error
+from marlin_cli.algo.rtn import rtn
 from marlin_cli.algo.sparsegpt import sparsegpt
 from marlin_cli.config import QuantConfig
 from marlin_cli.kernel import ops
@@ -39,8 +40,8 @@ def timed(fn) -> tuple[float, object]:  # noqa: ANN001
 
 def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
     """Seconds for the Hessian over TOKENS tokens (from float32, then from fp16 inputs), then the solve, the solve
-    with clipping and SparseGPT's solve, each on the torch loop and on the kernel; last, the fraction of codes both
-    loops give alike (default settings)."""
+    with clipping and SparseGPT's solve, each on the torch loop and on the kernel, then the report's three
+    Hessian-weighted errors; last, the fraction of codes both loops give alike (default settings)."""
     gen = torch.Generator(device=dev).manual_seed(0)
     mix = torch.randn(k, 64, device=dev, generator=gen) / 8  # correlated channels, like real activations
     x = torch.randn(CHUNK, k, device=dev, generator=gen) + torch.randn(CHUNK, 64, device=dev, generator=gen) @ mix.T
@@ -58,6 +59,8 @@ def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
             results.append(r)
     for columns in (None, ops.gptq_block):  # SparseGPT: 2:4 pruning in the same loop
         times.append(timed(lambda columns=columns: sparsegpt(w, h.matrix, QuantConfig(sparse24=True), columns))[0])
+    deltas = (w, w - results[1].weight(), w - rtn(w, 128).weight())  # the report's three errors, as in the pipeline
+    times.append(timed(lambda: [weighted_error(d, h.matrix) for d in deltas])[0])
     return [*times, (results[0].codes == results[1].codes).float().mean().item()]
 
 
@@ -65,11 +68,11 @@ def main() -> None:
     dev = torch.device("cuda")
     bench_shape(1024, 1024, dev)  # warm-up: CUDA context, cuSOLVER handles, the kernels' build
     head = ("H fp32 in", "fp16 in", "ref", "solve torch", "kernel", "ref", "clip torch", "kernel", "ref")
-    head += ("2:4 torch", "kernel")
+    head += ("2:4 torch", "kernel", "report")
     print(f"{'K x N':>14} " + " ".join(f"{h:>11}" for h in head) + f" {'same codes':>11}")
     for (k, n), (ref_h, ref_s, ref_c) in SHAPES.items():
-        t_h32, t_h, t_s, t_sk, t_c, t_ck, t_p, t_pk, same = bench_shape(k, n, dev)
-        row = (t_h32, t_h, ref_h, t_s, t_sk, ref_s, t_c, t_ck, ref_c, t_p, t_pk)
+        t_h32, t_h, t_s, t_sk, t_c, t_ck, t_p, t_pk, t_r, same = bench_shape(k, n, dev)
+        row = (t_h32, t_h, ref_h, t_s, t_sk, ref_s, t_c, t_ck, ref_c, t_p, t_pk, t_r)
         print(f"{k:>6} x {n:<6} " + " ".join(f"{v:11.3f}" for v in row) + f" {same:11.4%}")
         torch.cuda.empty_cache()
 
