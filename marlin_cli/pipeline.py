@@ -19,7 +19,7 @@ from marlin_cli.algo.gptq import ColumnLoop, gptq
 from marlin_cli.algo.hessian import Hessian, weighted_error
 from marlin_cli.algo.result import QuantResult
 from marlin_cli.algo.rtn import rtn
-from marlin_cli.algo.scales import FP16_MAX, LARGEST_WEIGHT
+from marlin_cli.algo.scales import FP16_MAX, LARGEST_WEIGHT, absmax
 from marlin_cli.algo.sparsegpt import magnitude_gptq, magnitude_rtn, sparsegpt
 from marlin_cli.calib.capture import BlockInputs, capture_inputs, group_hessian, input_groups, run_block
 from marlin_cli.calib.data import load_texts, token_samples
@@ -274,7 +274,7 @@ def _solve(
     """Quantize one layer, write its dequantized weights back (later layers calibrate on them) and fill `report`."""
     started = time.perf_counter()
     w = weight_matrix(module).float()
-    if max(float(w.amax()), -float(w.amin())) > LARGEST_WEIGHT:  # e.g. bf16 outliers: stored still, and said so
+    if float(absmax(w.reshape(-1), 0)) > LARGEST_WEIGHT:  # e.g. bf16 outliers: the layer is still stored, and says so
         report.reason = f"weights beyond {LARGEST_WEIGHT:.3g} saturate: fp16 scales are clamped to {FP16_MAX:g}"
     baseline = (magnitude_rtn if cfg.sparse24 else rtn)(w, cfg.group_size, cfg.clip and hessian is None)
     result = baseline
