@@ -9,11 +9,17 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from marlin_cli.errors import ConfigError, UsageError
 
 GROUP_SIZES = (-1, 32, 64, 128)
+
+
+def default_device(device: str | None) -> torch.device:
+    """Where work runs: `device` (--device) when given, else the GPU when torch sees one, else the CPU."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 class ActOrder(str, Enum):

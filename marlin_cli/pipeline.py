@@ -23,7 +23,7 @@ from marlin_cli.algo.scales import FP16_MAX, LARGEST_WEIGHT, absmax
 from marlin_cli.algo.sparsegpt import magnitude_gptq, magnitude_rtn, sparsegpt
 from marlin_cli.calib.capture import BlockInputs, capture_inputs, group_hessian, input_groups, run_block
 from marlin_cli.calib.data import load_texts, token_samples
-from marlin_cli.config import ActOrder, CalibConfig, Method, QuantConfig
+from marlin_cli.config import ActOrder, CalibConfig, Method, QuantConfig, default_device
 from marlin_cli.errors import ModelError, NumericalError, UsageError
 from marlin_cli.formats import compressed_tensors, marlin, marlin24
 from marlin_cli.formats import gptq as gptq_format
@@ -110,11 +110,6 @@ class LayerReport:
     seconds: float = 0.0
 
 
-def job_device(job: Job) -> torch.device:
-    """Where the job computes: --device, else the GPU when torch sees one, else the CPU."""
-    return torch.device(job.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-
-
 def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, Any]:
     """Run the job and write the checkpoint; returns the report (also written as quantization_report.json)."""
     started = time.perf_counter()
@@ -135,7 +130,7 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
         raise ModelError(f"{source}: no layer has a shape the {layout} accepts ({'; '.join(reasons)})")
     on_progress(Progress("load", 1, 1, str(source)))
 
-    device = job_device(job)
+    device = default_device(job.device)
     outside = {k: v for k, v in model.state_dict().items() if not k.startswith(f"{blocks_name}.")}
     dtypes = {k: v.dtype for k, v in outside.items()}
     if device.type == "cpu":  # half-precision matmuls on the CPU are slow or missing

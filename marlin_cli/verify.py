@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from marlin_cli.calib.data import embedded_texts, token_samples
+from marlin_cli.config import default_device
 from marlin_cli.errors import MarlinError
 from marlin_cli.formats import marlin24
 from marlin_cli.io.checkpoint import REPORT, Checkpoint, sha256
@@ -42,7 +43,7 @@ def verify_checkpoint(path: Path, device: str | None = None, seed: int = 0) -> l
     """Check every quantized layer of the checkpoint in `path`; tensors are re-read from disk."""
     qc = quantization_config(path)
     store = Checkpoint(path)
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = default_device(device)
     gen = torch.Generator().manual_seed(seed)
     checks = []
     sparse = is_sparse24(path, qc)
@@ -142,7 +143,7 @@ def model_check(
     path: Path, original: Path, device: str | None = None, nsamples: int = 16, seqlen: int = 256
 ) -> ModelCheck:
     """Run held-out text from the embedded corpus through the original and the quantized model (kernel on a GPU)."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = default_device(device)
     quantized = load_quantized(path, dev)
     dense = open_model(original).model.to(dev)
     samples = token_samples(embedded_texts("heldout"), open_tokenizer(path), nsamples, seqlen, seed=0)

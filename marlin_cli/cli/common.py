@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from marlin_cli.config import default_device
 from marlin_cli.kernel import build
 from marlin_cli.pipeline import Progress as Event
 
@@ -87,7 +88,7 @@ class Timer:
 def note_kernel_build(device: str | None) -> None:
     """Say so when work on `device` (--device; default the GPU when there is one) is about to compile the CUDA
     kernels: the first use on this GPU, or after an upgrade."""
-    if torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda" and build.needs_build():
+    if default_device(device).type == "cuda" and build.needs_build():
         err_console.print(
             "compiling the CUDA kernels for this GPU (first use: about a minute; cached afterwards; "
             "`marlin build-kernels` does it ahead of time)",

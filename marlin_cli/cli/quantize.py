@@ -21,10 +21,10 @@ from marlin_cli.cli.common import (
     note_kernel_build,
     print_json,
 )
-from marlin_cli.config import CalibConfig, QuantConfig, read_preset
+from marlin_cli.config import CalibConfig, QuantConfig, default_device, read_preset
 from marlin_cli.io.checkpoint import parse_size
 from marlin_cli.kernel import ops
-from marlin_cli.pipeline import Job, OutputFormat, job_device, quantize
+from marlin_cli.pipeline import Job, OutputFormat, quantize
 from marlin_cli.plan import dry_run
 from marlin_cli.repack import RepackJob
 
@@ -157,7 +157,7 @@ def quantize_command(
 def gptq_column_loop(job: Job) -> ColumnLoop | None:
     """GPTQ's column loop on the CUDA kernel when the job runs on a GPU the kernels build for (built on first use,
     about a minute, then cached); None, the torch loop, otherwise (with a note when that GPU cannot take it)."""
-    device = job_device(job)
+    device = default_device(job.device)
     if device.type != "cuda" or job.quant.block_size > ops.GPTQ_MAX_COLS:
         return None
     note_kernel_build(job.device)
