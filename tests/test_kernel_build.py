@@ -1,4 +1,5 @@
-"""The kernel build's inputs, checked without a GPU: architectures, flags, and that every source is built and hashed."""
+"""The kernel build's inputs, checked without a GPU: architectures, flags, that every source is built and hashed,
+and that the ops refuse what the kernels cannot take before building anything."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from marlin_cli.kernel import build
+from marlin_cli.errors import ShapeError
+from marlin_cli.kernel import build, ops
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 
@@ -77,3 +79,9 @@ def test_quantize_picks_the_gptq_loop_by_device(monkeypatch: pytest.MonkeyPatch,
     assert quantize.gptq_column_loop(on_gpu) is None
     err = capsys.readouterr().err
     assert "runs in torch" in err and "nvcc was not found" in err
+
+
+def test_the_gptq_kernel_refuses_cpu_operands() -> None:
+    w, codes = torch.randn(16, 256), torch.empty(16, 256, dtype=torch.uint8)
+    with pytest.raises(ShapeError, match="w is on cpu: the kernel runs on CUDA devices only"):
+        ops.gptq_block(w, torch.eye(256), torch.ones(16), False, codes, torch.empty(16, 256), 0, 0, 64, 64)

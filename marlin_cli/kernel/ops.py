@@ -95,18 +95,19 @@ def check_shapes24(a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: to
     _check_scales(s, k, n)
 
 
-def _check_cuda_operands(a: torch.Tensor, s: torch.Tensor, typed: dict[str, tuple[torch.Tensor, torch.dtype]]) -> None:
-    """fp16 a and s, the other operands in their packed dtypes, everything contiguous on a's device."""
-    if a.dtype != torch.float16 or s.dtype != torch.float16:
-        raise ShapeError(f"a is {a.dtype} and s is {s.dtype}: the kernel takes float16 for both; cast with .half()")
+def _check_operands(op: str, typed: dict[str, tuple[torch.Tensor, torch.dtype]]) -> None:
+    """Every operand of `op` in its dtype, contiguous, on the CUDA device of the first one. Checked here because a
+    bad operand inside the custom op aborts the process instead of raising."""
+    first, (ref, _) = next(iter(typed.items()))
+    if ref.device.type != "cuda":
+        raise ShapeError(f"{op}: {first} is on {ref.device}: the kernel runs on CUDA devices only")
     for name, (t, dtype) in typed.items():
         if t.dtype != dtype:
-            raise ShapeError(f"{name} is {t.dtype}: the kernel takes {dtype}; pass the tensor as packed, or convert it")
-    for name, t in {"a": a, "s": s, **{name: t for name, (t, _) in typed.items()}}.items():
-        if t.device != a.device:
-            raise ShapeError(f"{name} is on {t.device} but a is on {a.device}: move every operand to one device")
+            raise ShapeError(f"{op}: {name} is {t.dtype}, the kernel takes {dtype}: convert it with .to({dtype})")
+        if t.device != ref.device:
+            raise ShapeError(f"{op}: {name} is on {t.device} but {first} is on {ref.device}: move every operand there")
         if not t.is_contiguous():
-            raise ShapeError(f"{name} {tuple(t.shape)} is not contiguous: pass {name}.contiguous()")
+            raise ShapeError(f"{op}: {name} {tuple(t.shape)} is not contiguous: pass {name}.contiguous()")
 
 
 def _ensure_loaded() -> None:
@@ -158,7 +159,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor |
     check_shapes(a, b, s, perm)
     if a.device.type != "cuda":
         return reference.gemm(a, b, s, perm)
-    _check_cuda_operands(a, s, {"b": (b, torch.int32)} | ({"perm": (perm, torch.int32)} if perm is not None else {}))
+    typed = {"a": (a, torch.float16), "s": (s, torch.float16), "b": (b, torch.int32)}
+    _check_operands("gemm", typed | ({"perm": (perm, torch.int32)} if perm is not None else {}))
     _ensure_loaded()
     return torch.ops.marlin_cli.gemm(a, b, s, perm, workspace(a.device))
 
@@ -174,7 +176,8 @@ def gemm24(a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: torch.Tens
     check_shapes24(a, b24, meta, s)
     if a.device.type != "cuda":
         return reference.gemm24(a, b24, meta, s)
-    _check_cuda_operands(a, s, {"b24": (b24, torch.int32), "meta": (meta, torch.int16)})
+    typed = {"a": (a, torch.float16), "s": (s, torch.float16), "b24": (b24, torch.int32), "meta": (meta, torch.int16)}
+    _check_operands("gemm24", typed)
     _ensure_loaded()
     return torch.ops.marlin_cli.gemm24(a, b24, meta, s, workspace(a.device))
 
@@ -219,9 +222,15 @@ def gptq_block(
     n, k = w.shape
     typed = {"w": (w, torch.float32), "u": (u, torch.float32), "scale": (scale, torch.float32)}
     typed |= {"codes": (codes, torch.uint8), "errors": (errors, torch.float32)}
-    for name, (t, dtype) in typed.items():
-        if t.dtype != dtype or t.device != w.device or not t.is_contiguous() or w.device.type != "cuda":
-            raise ShapeError(f"gptq_block: {name} must be a contiguous {dtype} tensor on w's CUDA device")
+    keep, mode = None, _PRUNE_NONE
+    if prune is saliency_prune:
+        mode = _PRUNE_SALIENCY
+    elif isinstance(prune, FixedMask):
+        keep, mode = prune.keep.view(torch.uint8), _PRUNE_MASK
+        typed["keep"] = (keep, torch.uint8)
+    elif prune is not None:
+        raise ShapeError("gptq_block prunes by saliency_prune or a FixedMask only; run other rules in torch")
+    _check_operands("gptq_block", typed)
     if u.shape != (k, k) or codes.shape != (n, k) or errors.shape[0] != n:
         raise ShapeError(f"gptq_block: u {tuple(u.shape)}, codes {tuple(codes.shape)}, errors do not match w {n} x {k}")
     if scale.shape != ((n, k) if per_column else (n,)):
@@ -231,17 +240,8 @@ def gptq_block(
             f"gptq_block: column range [{c0}, {c1}, {c2}) with e0={e0} does not fit k={k} (at most "
             f"{GPTQ_MAX_COLS} columns per launch) or errors {tuple(errors.shape)}"
         )
-    keep, mode = None, _PRUNE_NONE
-    if prune is saliency_prune:
-        mode = _PRUNE_SALIENCY
-    elif isinstance(prune, FixedMask):
-        keep, mode = prune.keep.view(torch.uint8), _PRUNE_MASK
-        if keep.shape != (n, k) or keep.device != w.device or not keep.is_contiguous():
-            raise ShapeError(
-                f"gptq_block: the fixed mask {tuple(keep.shape)} must be a contiguous {n} x {k} on w's device"
-            )
-    elif prune is not None:
-        raise ShapeError("gptq_block prunes by saliency_prune or a FixedMask only; run other rules in torch")
+    if keep is not None and keep.shape != (n, k):
+        raise ShapeError(f"gptq_block: the fixed mask {tuple(keep.shape)} must be {n} x {k} like w")
     if mode != _PRUNE_NONE and c0 % PRUNE_M:
         raise ShapeError(f"gptq_block: pruning needs runs starting at a multiple of {PRUNE_M}, not {c0}")
     _ensure_loaded()

@@ -108,6 +108,13 @@ def test_bad_arguments_are_refused_before_launch() -> None:
         ops.gptq_block(w, upper, s, False, codes, errors, 0, 0, 129, 129)  # wider than 128 columns
     with pytest.raises(ShapeError, match="float32"):
         ops.gptq_block(w.double(), upper, s, False, codes, errors, 0, 0, 64, 64)
+    with pytest.raises(ShapeError, match="u .* is not contiguous"):
+        ops.gptq_block(w, upper.t().contiguous().t(), s, False, codes, errors, 0, 0, 64, 64)
+    with pytest.raises(ShapeError, match="codes is on cpu"):
+        ops.gptq_block(w, upper, s, False, codes.cpu(), errors, 0, 0, 64, 64)
+    short_mask = FixedMask(torch.ones_like(w[:8], dtype=torch.bool))
+    with pytest.raises(ShapeError, match="fixed mask"):
+        ops.gptq_block(w, upper, s, False, codes, errors, 0, 0, 64, 64, short_mask)
     with pytest.raises(ShapeError, match="scale"):
         ops.gptq_block(w, upper, s, True, codes, errors, 0, 0, 64, 64)  # per-column scales need (N, K)
     with pytest.raises(ShapeError, match="multiple of 4"):
