@@ -26,6 +26,7 @@ CASES = [  # m, k, n, group, act_order
     (1, 1024, 256, 128, False),
     (5, 512, 192, -1, True),  # 8-row chunks, 64-column strips, per-channel scales
     (16, 512, 192, 32, False),
+    (12, 2048, 256, 64, False),  # 16-row chunks, 128-column strips (k-warp slices on Hopper), split k
     (17, 512, 192, -1, True),
     (33, 1024, 512, 32, False),
     (64, 256, 1024, 64, False),
