@@ -282,12 +282,15 @@ def _solve(
     report.damp = result.damp if result is not baseline else None
     dequantized = result.weight()
     if hessian is not None:
+        # the solves bring their own weighted errors (QuantResult.weighted_error): one N x K x K product fewer each
+        def error_of(r: QuantResult) -> float:
+            return r.weighted_error if r.weighted_error is not None else weighted_error(w - r.weight(), hessian.matrix)
+
         total = weighted_error(w, hessian.matrix)
-        report.error = weighted_error(w - dequantized, hessian.matrix) / total
-        report.rtn_error = weighted_error(w - baseline.weight(), hessian.matrix) / total
+        report.error = error_of(result) / total
+        report.rtn_error = error_of(baseline) / total
         if result is not baseline and report.method == "sparsegpt":  # the baseline SparseGPT must beat
-            magnitude = magnitude_gptq(w, hessian.matrix, cfg, columns)
-            report.magnitude_error = weighted_error(w - magnitude.weight(), hessian.matrix) / total
+            report.magnitude_error = error_of(magnitude_gptq(w, hessian.matrix, cfg, columns)) / total
     else:
         report.error = report.rtn_error = float((w - dequantized).square().sum() / w.square().sum())
     set_weight_matrix(module, dequantized)

@@ -73,6 +73,15 @@ def test_calibrated_beats_magnitude_on_the_hessian_weighted_error(clip: bool, se
     assert calibrated < 0.9 * magnitude < 0.9 * rounded
 
 
+def test_weighted_errors_the_solves_bring() -> None:
+    """SparseGPT's own weighted error is the direct product (pruned weights included); the magnitude baseline, whose
+    solve saw the pruned weights as zeros, brings none."""
+    w, h = correlated_problem(32, 256, seed=4)
+    result = sparsegpt(w, h, QuantConfig(sparse24=True))
+    assert abs(result.weighted_error / weighted_error(w - result.weight().double(), h) - 1) < 1e-12
+    assert magnitude_gptq(w, h, QuantConfig(sparse24=True, method=Method.MAGNITUDE)).weighted_error is None
+
+
 def test_magnitude_keeps_the_two_largest_of_every_four() -> None:
     w = torch.tensor([[0.1, -3.0, 2.0, 0.5, 4.0, 1.0, -2.0, 0.0]])
     assert magnitude_mask(w).tolist() == [[False, True, True, False, True, False, True, False]]

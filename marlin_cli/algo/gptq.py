@@ -11,7 +11,7 @@ become 0 and their error is propagated the same way. The loop over a block's col
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -158,6 +158,7 @@ def gptq(
 
     codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
     found: list[torch.Tensor] = []  # group scales fixed as each group starts (dynamic groups)
+    error_sq = torch.zeros((), dtype=dtype, device=w.device)  # sum of the squared column errors (weighted_error)
     loop = partial(_columns, prune=prune)
     if columns is not None and (prune is None or prune is saliency_prune or isinstance(prune, FixedMask)):
         loop, w, upper = partial(columns, prune=prune), w.contiguous(), upper.contiguous()
@@ -175,6 +176,7 @@ def gptq(
                 found.append(s)
             loop(w, upper, s, col_scale is not None, codes, errors, i1, c0, c1, i2)
         w[:, i2:].sub_(errors @ upper[i1:i2, i2:])
+        error_sq += errors.square().sum()
 
     if cfg.act_order is ActOrder.STATIC:
         codes = torch.empty_like(codes).index_copy_(1, perm, codes)  # back to the natural order
@@ -185,4 +187,13 @@ def gptq(
         order = torch.argsort(torch.arange(k, device=perm.device) // g * k + perm)
         codes, perm = codes[:, order], perm[order]
     scales = fixed if fixed is not None else torch.stack(found, dim=1)  # (N, G)
-    return QuantResult(codes=codes.T.contiguous(), scales=scales.T.float().contiguous(), perm=perm, damp=damp)
+    result = QuantResult(codes=codes.T.contiguous(), scales=scales.T.float().contiguous(), perm=perm, damp=damp)
+    # The solve's weight change is dW = E U (E: the column errors, U^T U = (H + lambda I)^-1 with the dead inputs' 1s
+    # on H's diagonal), so tr(dW (H + lambda I) dW^T) = ||E||^2; dW is zero on dead inputs, whose rows and columns of
+    # the given H are zero. That leaves the given H's error as ||E||^2 - lambda ||dW||^2: one of the report's three
+    # N x K x K products (pipeline) without the product.
+    weight0 = weight.to(dtype).clone()
+    weight0[:, dead] = 0
+    change_sq = (weight0 - result.weight().to(dtype)).square().sum()
+    lam = damp * torch.diag(h).mean()
+    return replace(result, weighted_error=float(error_sq - lam * change_sq))

@@ -15,13 +15,16 @@ class QuantResult:
 
     codes: uint8 (K, N), rows in stored order; scales: float32 (G, N) per group of stored rows (fp16-exact);
     perm: int64 (K,), stored row i is input channel perm[i], or None for the natural order;
-    damp: the damping the solve used (after retries; 0 for RTN).
+    damp: the damping the solve used (after retries; 0 for RTN);
+    weighted_error: tr(dW H dW^T) of the change dW from the weight the caller gave to the dequantized one, on the
+    Hessian H it gave, where a solve has it for free (GPTQ, SparseGPT: from its own column errors), else None.
     """
 
     codes: torch.Tensor
     scales: torch.Tensor
     perm: torch.Tensor | None = None
     damp: float = 0.0
+    weighted_error: float | None = None
 
     def weight(self) -> torch.Tensor:
         """Dequantized weight (N, K) in the original input-channel order, float32."""

@@ -9,6 +9,8 @@ largest |w| of every 4 kept), zeroes the rest, and GPTQ-quantizes what is kept.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from marlin_cli.algo.gptq import KEEP, PRUNE_M, ColumnLoop, FixedMask, gptq, saliency_prune
@@ -37,7 +39,8 @@ def magnitude_gptq(
 ) -> QuantResult:
     """The baseline: keep the 2 largest |w| of every 4, then GPTQ the kept weights with the mask fixed."""
     keep = magnitude_mask(weight)
-    return gptq(weight * keep, hessian, cfg, FixedMask(keep), columns)
+    # the solve saw the pruned weights as zeros: its weighted error leaves their change out
+    return replace(gptq(weight * keep, hessian, cfg, FixedMask(keep), columns), weighted_error=None)
 
 
 def magnitude_rtn(weight: torch.Tensor, group_size: int, clip: bool = False) -> QuantResult:
