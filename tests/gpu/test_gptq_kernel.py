@@ -75,6 +75,7 @@ def test_gptq_on_the_kernel_matches_the_torch_loop(act_order: str, group_size: i
     print(f"\n{act_order} g={group_size} clip={clip}: {same:.4%} codes identical, error {err_fast / err_slow:.6f}x")
     assert same >= 0.999
     assert abs(err_fast / err_slow - 1) <= 1e-3
+    assert abs(fast.weighted_error / err_fast - 1) <= 1e-5  # the solve's own error (kernel column errors): exact
     assert fast.perm is None if slow.perm is None else torch.equal(fast.perm, slow.perm)
     if act_order == "static" or group_size == -1:  # fixed before the solve: identical
         assert torch.equal(fast.scales, slow.scales)
