@@ -155,6 +155,7 @@ def gptq(
         w, h = w[:, perm], h[perm][:, perm]
         col_scale = None if col_scale is None else col_scale[:, perm]
     upper, damp = inverse_cholesky(h, cfg.damp)
+    lam = damp * torch.diag(h).mean()  # the damping inverse_cholesky added to the diagonal
 
     codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
     found: list[torch.Tensor] = []  # group scales fixed as each group starts (dynamic groups)
@@ -189,11 +190,11 @@ def gptq(
     scales = fixed if fixed is not None else torch.stack(found, dim=1)  # (N, G)
     result = QuantResult(codes=codes.T.contiguous(), scales=scales.T.float().contiguous(), perm=perm, damp=damp)
     # The solve's weight change is dW = E U (E: the column errors, U^T U = (H + lambda I)^-1 with the dead inputs' 1s
-    # on H's diagonal), so tr(dW (H + lambda I) dW^T) = ||E||^2; dW is zero on dead inputs, whose rows and columns of
-    # the given H are zero. That leaves the given H's error as ||E||^2 - lambda ||dW||^2: one of the report's three
-    # N x K x K products (pipeline) without the product.
-    weight0 = weight.to(dtype).clone()
-    weight0[:, dead] = 0
-    change_sq = (weight0 - result.weight().to(dtype)).square().sum()
-    lam = damp * torch.diag(h).mean()
-    return replace(result, weighted_error=float(error_sq - lam * change_sq))
+    # on H's diagonal), so tr(dW (H + lambda I) dW^T) = ||E||^2; dW is zero on dead inputs (their weights were zeroed
+    # and U has no entries off the diagonal in their rows and columns), whose rows and columns of the given H are zero.
+    # That leaves the given H's error as ||E||^2 - lambda ||dW||^2: one of the report's N x K x K products (pipeline)
+    # without the product.
+    del w, h, upper  # the working copies: one N x K more below
+    change = result.weight().to(dtype).sub_(weight)
+    change[:, dead] = 0
+    return replace(result, weighted_error=float(error_sq - lam * torch.linalg.vector_norm(change).square()))
