@@ -192,8 +192,8 @@ def gptq(
     # The solve's weight change is dW = E U (E: the column errors, U^T U = (H + lambda I)^-1 with the dead inputs' 1s
     # on H's diagonal), so tr(dW (H + lambda I) dW^T) = ||E||^2; dW is zero on dead inputs (their weights were zeroed
     # and U has no entries off the diagonal in their rows and columns), whose rows and columns of the given H are zero.
-    # That leaves the given H's error as ||E||^2 - lambda ||dW||^2: one of the report's N x K x K products (pipeline)
-    # without the product.
+    # That leaves the given H's error as ||E||^2 - lambda ||dW||^2, which spares the report (pipeline) one N x K x K
+    # product.
     del w, h, upper  # the working copies: one N x K more below
     change = result.weight().to(dtype).sub_(weight)
     change[:, dead] = 0
