@@ -283,14 +283,16 @@ def _solve(
     dequantized = result.weight()
     if hessian is not None:
         # the solves bring their own weighted errors (QuantResult.weighted_error): one N x K x K product fewer each
-        def error_of(r: QuantResult) -> float:
-            return r.weighted_error if r.weighted_error is not None else weighted_error(w - r.weight(), hessian.matrix)
+        def error_of(r: QuantResult, r_weight: torch.Tensor) -> float:
+            return r.weighted_error if r.weighted_error is not None else weighted_error(w - r_weight, hessian.matrix)
 
         total = weighted_error(w, hessian.matrix)
-        report.error = error_of(result) / total
-        report.rtn_error = error_of(baseline) / total
+        report.error = error_of(result, dequantized) / total
+        # RTN's error is the result's own where the solve fell back to it
+        report.rtn_error = report.error if result is baseline else error_of(baseline, baseline.weight()) / total
         if result is not baseline and report.method == "sparsegpt":  # the baseline SparseGPT must beat
-            report.magnitude_error = error_of(magnitude_gptq(w, hessian.matrix, cfg, columns)) / total
+            magnitude = magnitude_gptq(w, hessian.matrix, cfg, columns)
+            report.magnitude_error = error_of(magnitude, magnitude.weight()) / total
     else:
         report.error = report.rtn_error = float((w - dequantized).square().sum() / w.square().sum())
     set_weight_matrix(module, dequantized)
