@@ -43,9 +43,6 @@ cudaError_t launch_choice(const Choice& c, bool grouped, const Params& p, int gr
   }
 }
 
-constexpr int kSm90Parts = 8;
-
-// Whether the wgmma kernel can run: built for sm_90a (MARLIN_SM90A) and the device is compute capability 9.0.
 bool has_wgmma(int device) {
 #ifdef MARLIN_SM90A
   return compute_capability(device) == 90 && max_smem(device) >= Sm90Cfg::SMEM;
@@ -106,15 +103,8 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
 
   Params p;
   return run_chunk_groups(p, g, a, lg_group, rows, n_cols, [&](int par) {
-    p.blocks_per_chunk = g.sms * blocks_per_sm / par;
-    if (sm90) {
-      // At most kSm90Parts parts per column strip: a 64 x 256 fp32 partial is 64 KB, as much as 8 tiles of weights,
-      // and the last block adds them one after another (4096 x 4096 at m = 64: 33.5 -> 21.5 us; perf-log).
-      const int k_tiles = g.k / (16 * Sm90Cfg::KT);
-      const int min_iters = (k_tiles + kSm90Parts - 1) / kSm90Parts;
-      const int blocks = (n_cols * k_tiles + min_iters - 1) / min_iters;
-      if (blocks < p.blocks_per_chunk) p.blocks_per_chunk = blocks;
-    }
+    p.blocks_per_chunk = sm90 ? sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (16 * Sm90Cfg::KT))
+                              : g.sms * blocks_per_sm / par;
     const int grid = par * p.blocks_per_chunk;
     p.early_dependents = grid >= g.sms * blocks_per_sm;
     return sm90 ? launch_sm90(grouped, p, grid, g.device, stream)

@@ -97,11 +97,21 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   if (const cudaError_t err = detail::check_args(g, 128, 32, &lg_group); err != cudaSuccess) return err;
   const bool grouped = g.groups > 1;
 
+  Params p;
+  p.meta = static_cast<const int4*>(g.meta);
+  // m > 32 on an sm_90a build and a Hopper GPU: the wgmma.sp kernel (64-row chunks, 256-column strips).
+  if (g.m > 32 && g.n % Sm90Cfg::W == 0 && detail::has_wgmma(g.device)) {
+    const int n_cols = g.n / Sm90Cfg::W;
+    return detail::run_chunk_groups(p, g, g.a, lg_group, Sm90Cfg::R, n_cols, [&](int par) {
+      p.blocks_per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (32 * Sm90Cfg::KT));
+      const int grid = par * p.blocks_per_chunk;
+      p.early_dependents = grid >= g.sms * kMaxBlocksPerSm;
+      return launch_sm90(grouped, p, grid, g.device, stream);
+    });
+  }
   Choice choice;
   if (!choose(g.m, g.n, g.k, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
   const int n_cols = g.n / (128 * choice.ns);
-  Params p;
-  p.meta = static_cast<const int4*>(g.meta);
   return detail::run_chunk_groups(p, g, g.a, lg_group, 8 * choice.tt, n_cols, [&](int par) {
     return launch_choice(choice, grouped, p, par, g.sms, g.device, stream);
   });

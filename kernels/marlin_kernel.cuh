@@ -116,6 +116,18 @@ __device__ __forceinline__ int4 lds128(uint32_t addr) {
   return v;
 }
 
+// 8 and 4 bytes from a shared-memory address.
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+
 __device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], const uint32_t (&b)[2], float (&c)[4]) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
@@ -385,6 +397,14 @@ struct StageLoader {
 // Writing one column strip's result (the 2:4 kernel uses it too)
 // ---------------------------------------------------------------------------------------------------------------
 
+// Workspace slot of block b's partial of the strip that starts at tile strip_begin: slot 0 when it is the block's
+// first run segment, 1 when it is its last (finish_strip).
+__device__ __forceinline__ float* part_slot(float* partials, int64_t slot_elems, int first_block, int iters,
+                                            int strip_begin, int b) {
+  const int s = b * iters >= strip_begin ? 0 : 1;
+  return partials + (static_cast<int64_t>(first_block + b) * 2 + s) * slot_elems;
+}
+
 // The split-k protocol for one column strip. A block whose run of tiles [seg_begin, seg_end) covers its whole column
 // strip [strip_begin, strip_end) calls whole(). Otherwise every block holding part of the strip (blocks take runs of
 // `iters` tiles) calls save(slot) to write its fp32 partial to its workspace slot (slot 0 for a block's first run,
@@ -402,10 +422,7 @@ __device__ __forceinline__ void finish_strip(float* partials, int64_t slot_elems
   }
   const int bid_lo = strip_begin / iters;
   const int bid_hi = (strip_end - 1) / iters;
-  auto slot = [&](int b) {
-    const int s = b * iters >= strip_begin ? 0 : 1;
-    return partials + (static_cast<int64_t>(first_block + b) * 2 + s) * slot_elems;
-  };
+  auto slot = [&](int b) { return part_slot(partials, slot_elems, first_block, iters, strip_begin, b); };
   save(slot(bid));
   __threadfence();  // release: the partial is visible device-wide before the counter moves
   __syncthreads();
@@ -897,6 +914,19 @@ struct Sm90Cfg {
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 cudaError_t launch_sm90(bool grouped, const Params& p, int grid, int device, cudaStream_t stream);
+// Whether the wgmma kernels can run: built for sm_90a (MARLIN_SM90A) and the device is compute capability 9.0.
+bool has_wgmma(int device);
+
+// Blocks per chunk for the wgmma kernels (64 x 256 tiles, two blocks per SM): every block slot, shared by `par`
+// chunks, but at most 8 parts per column strip: a 64 x 256 fp32 partial is 64 KB, as much as 8 tiles of dense
+// weights, and the last block adds them one after another (4096 x 4096 at m = 64: 33.5 -> 21.5 us; perf-log).
+inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles) {
+  constexpr int kParts = 8;
+  const int min_iters = (k_tiles + kParts - 1) / kParts;
+  const int capped = (n_cols * k_tiles + min_iters - 1) / min_iters;
+  const int all = sms * kMaxBlocksPerSm / par;
+  return capped < all ? capped : all;
+}
 
 // Only the configurations of one file's chunk heights are instantiated there (if constexpr inside a template).
 template <int MB>

@@ -15,42 +15,12 @@
 // (finish_strip; partials are saved straight from the registers), chunks of 64 rows side by side for larger m.
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMARLIN_SM90A -c kernels/marlin_sm90.cu
 // (for other targets the kernel body is empty and the host never launches it).
-#include "marlin_kernel.cuh"
+#include "wgmma.cuh"
 
 namespace marlin_cli {
 namespace detail {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-// Shared-memory matrix descriptor of the A tile for wgmma: K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart.
-// Advancing along k by 16 elements adds 32 bytes, i.e. 2 to the descriptor.
-__device__ __forceinline__ uint64_t a_desc(uint32_t addr) {
-  constexpr uint64_t kSbo = 1024 >> 4, kLbo = 1, kSwizzle128 = 1;
-  return ((addr & 0x3ffff) >> 4) | (kLbo << 16) | (kSbo << 32) | (kSwizzle128 << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// d (64 x 64, fp32) += a (64 x 16 from registers) @ tile (16 x 64 from shared memory, K-major).
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
 
 // Position of output column x in a per-channel scale row (3.1 step 4: within 32 columns, column 8q + 2i + b sits
 // at 8i + 2q + b).
@@ -67,6 +37,8 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
   using C = Sm90Cfg;
   extern __shared__ int4 smem[];
   __shared__ int s_last;
+  __shared__ Deferred s_deferred[2];
+  int n_deferred = 0;
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -129,72 +101,32 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
     }
   };
 
-  // C from the accumulators (scaled per channel when there is one group): 2-byte stores, one row pointer at a time
-  // and the thread's 8 columns at immediate offsets from it.
-  auto store_c = [&](int col) {
-    const int g = lane / 4, c2 = 2 * (lane % 4);
-    const int x0 = col * C::W + warp * 64 + g;  // + 16j + 8h
-    float sc[4][2];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sc[j][h] = GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[scale_pos(x0 + 16 * j + 8 * h)]);
-      }
-#pragma unroll
-    for (int i = 0; i < C::R / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int r = 8 * i + c2 + e;
-        if (r >= m_rows) continue;
-        __half* row = c_g + static_cast<int64_t>(r) * p.n + x0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) row[16 * j + 8 * h] = __float2half_rn(acc[j][4 * i + 2 * h + e] * sc[j][h]);
-      }
+  // C from the accumulators, scaled per channel when there is one group: straight to C (stage == nullptr: a
+  // whole strip inside the run) or into the staging tile in the ring (after the run, add_deferred).
+  const uint32_t ring = (smem_addr(smem) + 1023) & ~1023u;
+  __half* const stage = reinterpret_cast<__half*>(smem) + (ring - smem_addr(smem)) / 2;
+  static_assert(C::R * kStageStride * 2 <= C::STAGES * C::STAGE * 16, "the staging tile fits in the ring");
+  auto store_c = [&](int col, int tile, bool staged = false) {
+    const int x0 = col * C::W + warp * 64 + lane / 4;
+    store_registers<C::R>(
+        staged ? stage + (x0 - col * C::W) : c_g + x0, staged ? kStageStride : p.n, staged ? C::R : m_rows, tile, acc,
+        [](int j, int h) { return 16 * j + 8 * h; },
+        [&](int j, int h) {
+          return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[scale_pos(x0 + 16 * j + 8 * h)]);
+        });
   };
-  // Partials in register order: float4 v of wgmma j is at (j * ACC / 4 + v) * THREADS + tid.
-  auto save = [&](float* mine) {
-    float4* dst = reinterpret_cast<float4*>(mine);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int v = 0; v < C::ACC / 4; ++v) {
-        dst[(j * C::ACC / 4 + v) * C::THREADS + tid] =
-            make_float4(acc[j][4 * v], acc[j][4 * v + 1], acc[j][4 * v + 2], acc[j][4 * v + 3]);
-      }
-  };
+  auto copy_c = [&](int col) { copy_staged<C::THREADS, C::R, C::W>(stage, c_g + col * C::W, p.n, m_rows); };
   auto finish = [&](int col, int seg_begin, int seg_end) {
-    wgmma_wait<0>();
-    auto reduce = [&](auto&& slot, int bid_lo, int bid_hi) {
-      zero_acc();
-      // one wgmma tile at a time, so that only its 8 loads per part are in flight (registers are scarce here)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll 1
-        for (int b = bid_lo; b <= bid_hi; ++b) {
-          const float4* src = reinterpret_cast<const float4*>(slot(b)) + j * C::ACC / 4 * C::THREADS + tid;
-#pragma unroll
-          for (int v = 0; v < C::ACC / 4; ++v) {
-            const float4 x = __ldcg(src + v * C::THREADS);
-            acc[j][4 * v] += x.x, acc[j][4 * v + 1] += x.y, acc[j][4 * v + 2] += x.z, acc[j][4 * v + 3] += x.w;
-          }
-        }
-      }
-      store_c(col);
-    };
-    finish_strip(p.partials, kMaxTileElems, chunk * p.blocks_per_chunk, p.counters + chunk * run.n_cols + col,
-                 s_last, run.bid, run.iters, col * k_tiles, (col + 1) * k_tiles, seg_begin, seg_end,
-                 [&] { store_c(col); }, save, reduce);
-    zero_acc();
+    finish_registers<C::THREADS>(p, run, s_last, s_deferred, n_deferred, col, seg_begin, seg_end, acc, store_c);
   };
 
   // --- main loop: the sm_80 kernel's, with the landed stage made visible to wgmma ----------------------------
   pipeline<C::STAGES, C::STAGE * 16>(
-      run, (smem_addr(smem) + 1023) & ~1023u, p.early_dependents, [&](uint32_t st) { loader.load(st); },
+      run, ring, p.early_dependents, [&](uint32_t st) { loader.load(st); },
       fence_proxy_async, compute_stage, finish);
   wgmma_wait<0>();
+  add_deferred<C::THREADS>(p, run, s_deferred, n_deferred, acc, [&](int col, int j) { store_c(col, j, true); },
+                           copy_c);
 #endif
 }
 

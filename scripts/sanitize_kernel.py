@@ -5,7 +5,8 @@ compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_k
 
 Build the kernel first (any call of marlin_cli.kernel.ops.gemm on a GPU), so the sanitizer only sees launches.
 The shapes cover every chunk height, strip width, group kind, act-order, ragged m and the split-k fixup, for the
-sm_80 kernel (m <= 32, or n not a multiple of 256) and the wgmma kernel (m > 32 on the H200), then the 2:4 kernel.
+sm_80 kernel (m <= 32, or n not a multiple of 256) and the wgmma kernel (m > 32 on the H200), then the 2:4
+kernels (mma.sp, and wgmma.sp for m > 32 on the H200).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (8, 512, 128, -1),
     (16, 2048, 256, 32),
     (33, 512, 384, 128),
+    (64, 2048, 512, 128),  # wgmma.sp kernel: two strips in 8 parts each
+    (100, 512, 256, -1),  # wgmma.sp kernel: two chunks, per-channel scales
 ]
 
 

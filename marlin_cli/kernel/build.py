@@ -29,10 +29,11 @@ SOURCES = (
     "marlin_mb4.cu",
     "marlin24.cu",
     "marlin_sm90.cu",
+    "marlin24_sm90.cu",
     "gptq.cu",
     "bindings.cpp",
 )
-HEADERS = ("marlin.h", "marlin_kernel.cuh", "marlin24.h", "marlin24_kernel.cuh", "gptq.h")
+HEADERS = ("marlin.h", "marlin_kernel.cuh", "marlin24.h", "marlin24_kernel.cuh", "wgmma.cuh", "gptq.h")
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16, mma.sp m16n8k32, cp.async and ldmatrix need sm_80
 CUDA_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 

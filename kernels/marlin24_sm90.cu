@@ -1,0 +1,239 @@
+// FP16 x INT4 GEMM on the Sparse-MARLIN 2:4 layout with Hopper's sparse warpgroup MMA (wgmma.sp), for m > 32 on
+// sm_90a.
+//
+// mma.sp runs at about half of the H200's sparse tensor rate, and the sm_80-class 2:4 kernel (marlin24_kernel.cuh)
+// re-reads and re-dequantizes every weight for each 32-row chunk of m: from m = 64 on it was slower than the dense
+// wgmma kernel. Here, as in marlin_sm90.cu, C^T = W^T A^T: the kept weights are wgmma.sp's sparse register operand
+// (m64 = 64 output columns, k32 per instruction, a metadata word per thread) and 64 rows of activations its
+// shared-memory operand (the 128-byte-swizzled A tile, 32 deep per instruction).
+//
+// The layout makes this free, as in the mma.sp kernel: lane (g, t) of a warp reading the 16-byte chunks 8g + t and
+// 8g + 4 + t of a 128-column strip's packed k32 row holds, in word j of each, rows g and g + 8 of the 16 x 16 kept
+// values of tile (j, p) (p = 0, 1: the low and high nibble pairs), and the metadata word j serves both tiles through
+// the two sparsity selectors. A warpgroup instruction takes 16 rows from each warp, so warp w = 2s + h takes strip s
+// of the block's two and tiles j = 2h, 2h + 1 of it (the 8-byte half h of each chunk): four wgmma.sp per k32 row
+// cover the block's 256 columns, and tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of strip s.
+//
+// Everything else is the dense wgmma kernel's: the striped partition, the pipeline, the split-k protocol with
+// partials saved straight from the registers (finish_registers), chunks of 64 rows side by side for larger m.
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMARLIN_SM90A -c kernels/marlin24_sm90.cu
+// (for other targets the kernel body is empty and the host never launches it).
+#include "marlin24_kernel.cuh"
+#include "wgmma.cuh"
+
+namespace marlin_cli {
+namespace sparse24 {
+
+using namespace detail;
+
+// Copies of one stage: the A tile (64 rows x 8 chunks, the 128-byte swizzle, rows past m zero-filled), the packed
+// codes and metadata of KT k32 rows x 256 columns (swizzled as in the mma.sp kernel, so the lanes' loads are
+// conflict-free) and the scale rows the stage spans. Per-thread parts are computed once; the next tile's bases
+// advance by additions.
+template <bool GROUPED>
+struct Sm90Loader {
+  using C = Sm90Cfg;
+  static constexpr int A_ROWS = C::THREADS / C::A_CHUNKS;  // rows per pass of the A copy
+  static constexpr int A_PER = C::A_STAGE / C::THREADS;
+  static constexpr int B_PER = C::B_STAGE / C::THREADS;
+  static_assert(C::M_STAGE == C::THREADS && C::B_STAGE % C::THREADS == 0, "whole passes");
+
+  // Shapes, strides and base pointers are read from the kernel parameters (constant memory) when needed, so that
+  // the loader holds only what differs per thread or per tile: 255 registers are tight (acc alone is 128).
+  const Params& p;
+  const int4* a_g;
+  int a_src, a_rows;  // A: this thread's chunk of row r0, and the rows that exist from r0 on
+  uint32_t a_dst, b_dst, m_dst, s_dst;
+  int m_src, s_src;  // chunk offsets within a k32 row of metadata / a scale row
+  bool s_copy;
+  int ld_col, ld_kt;  // next tile to load
+
+  __device__ __forceinline__ Sm90Loader(const Params& params, const int4* a_chunk, int m_rows, int t_begin)
+      : p(params), a_g(a_chunk) {
+    const int tid = threadIdx.x;
+    const int r = tid / C::A_CHUNKS, j = tid % C::A_CHUNKS;
+    a_src = r * (p.k / 8) + j;
+    a_rows = m_rows - r;
+    a_dst = (r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
+    // B: chunk e = tid + i * THREADS of the stage is chunk e % 128 of k32 row e / 128 (THREADS = W / 2: row i)
+    static_assert(C::THREADS == C::W / 2, "pass i of the B copy is k32 row i");
+    b_dst = (C::A_STAGE + (tid ^ ((tid >> 1) & 4))) * 16;
+    static_assert(C::THREADS == C::KT * C::W / 4, "one metadata chunk per thread");
+    m_src = (tid / (C::W / 4)) * (p.n / 4) + tid % (C::W / 4);
+    m_dst = (C::A_STAGE + C::B_STAGE + (tid ^ ((tid >> 3) & 3))) * 16;
+    // scales: max(1, KT >> lg_group) rows per stage, the first being the stage's first k32 row >> lg_group
+    s_copy = GROUPED && tid < max(1, C::KT >> p.lg_group) * (C::W / 8);
+    s_src = (tid / (C::W / 8)) * (p.n / 8) + tid % (C::W / 8);
+    s_dst = (C::A_STAGE + C::B_STAGE + C::M_STAGE + tid) * 16;
+    const int k_tiles = p.k / (32 * C::KT);
+    ld_col = t_begin / k_tiles;
+    ld_kt = t_begin - ld_col * k_tiles;
+  }
+
+  __device__ __forceinline__ void load(uint32_t st) {
+    const int tid = threadIdx.x;
+    const int row = ld_kt * C::KT;  // first k32 row of the tile
+    const int4* b = p.b + static_cast<int64_t>(row) * (p.n / 2) + ld_col * (C::W / 2) + tid;
+#pragma unroll
+    for (int i = 0; i < B_PER; ++i) cp_async16(st + b_dst + i * C::THREADS * 16, b + i * (p.n / 2));
+    cp_async16(st + m_dst, p.meta + static_cast<int64_t>(row) * (p.n / 4) + ld_col * (C::W / 4) + m_src);
+#pragma unroll
+    for (int i = 0; i < A_PER; ++i) {
+      const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
+      cp_async16_zfill(st + a_dst + i * C::THREADS * 16,
+                       a_g + ld_kt * C::A_CHUNKS + (real ? a_src + i * A_ROWS * (p.k / 8) : 0), real ? 16 : 0);
+    }
+    if (s_copy) {
+      cp_async16(st + s_dst, p.s + static_cast<int64_t>(row >> p.lg_group) * (p.n / 8) + ld_col * (C::W / 8) + s_src);
+    }
+    if (++ld_kt == p.k / (32 * C::KT)) {
+      ld_kt = 0;
+      ++ld_col;
+    }
+  }
+};
+
+template <bool GROUPED>
+__global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm24_sm90_kernel(const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Sm90Cfg;
+  extern __shared__ int4 smem[];
+  __shared__ int s_last;
+  __shared__ Deferred s_deferred[2];
+  int n_deferred = 0;
+
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int strip = warp / 2, half = warp % 2;  // 128-column strip of the block, tiles j = 2 half, 2 half + 1
+  const int g = lane / 4, t = lane % 4;
+
+  Run run;
+  if (!plan_run(p.m, p.n, p.k, C::R, C::W, 32 * C::KT, p.blocks_per_chunk, run)) return;
+  const int chunk = run.chunk, m_rows = run.m_rows;
+
+  const int4* a_g = p.a + static_cast<int64_t>(chunk) * C::R * (p.k / 8);
+  __half* c_g = reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(chunk) * C::R * p.n;
+  Sm90Loader<GROUPED> loader(p, a_g, m_rows, run.t_begin);
+
+  // Byte offsets in a stage for k32 row 0 (row q adds q times the row's bytes): half h of chunks 8g + t and
+  // 8g + 4 + t (trading places for odd g, Sm90Loader), metadata words j = 2h, 2h + 1, scales of those tiles.
+  constexpr uint32_t kBRow = C::W / 2 * 16, kMRow = C::W / 4 * 16, kSRow = C::W / 8 * 16;
+  const uint32_t b_x = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (g & 1)) * 16 + 8 * half;
+  const uint32_t b_y = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (1 - (g & 1))) * 16 + 8 * half;
+  uint32_t m_off[2];
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+    const int blk = g / 2, q = 4 * (t / 2) + ((2 * half + jj) ^ blk);
+    m_off[jj] = ((C::A_STAGE + C::B_STAGE + strip * 32 + 8 * blk + q) * 4 + 2 * (g & 1) + (t & 1)) * 4;
+  }
+  const uint32_t s_off = (C::A_STAGE + C::B_STAGE + C::M_STAGE + strip * 16 + 2 * g) * 16 + 8 * half;
+
+  // acc[2jj + p]: tile (2 half + jj, p) of every warp. Its element 4i + e of this thread is output column
+  // 128 strip + 16g + 8(e / 2) + 2 half + jj + 4p of the block's 256, row 8i + 2t + e % 2 of the chunk.
+  float acc[4][C::ACC];
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int e = 0; e < C::ACC; ++e) acc[u][e] = 0.f;
+
+  auto compute_stage = [&](uint32_t st) {
+    const uint64_t desc = a_desc(st);
+#pragma unroll
+    for (int q = 0; q < C::KT; ++q) {
+      const uint2 bx = lds64(st + b_x + q * kBRow), by = lds64(st + b_y + q * kBRow);
+      const uint32_t wx[2] = {bx.x, bx.y}, wy[2] = {by.x, by.y};
+      uint32_t mw[2];
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) mw[jj] = lds32(st + m_off[jj] + q * kMRow);
+      uint2 sx = make_uint2(0, 0), sy = make_uint2(0, 0);
+      if (GROUPED) {
+        const uint32_t so = st + s_off + (q >> p.lg_group) * kSRow;
+        sx = lds64(so);
+        sy = lds64(so + 16);
+      }
+      const uint32_t vx[2] = {sx.x, sx.y}, vy[2] = {sy.x, sy.y};
+      uint32_t a[4][4];
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        // x0 / x1: rows g of tiles (j, 0) / (j, 1); y0 / y1: their rows g + 8
+        uint32_t x0[2], x1[2], y0[2], y1[2];
+        dequant(wx[jj], x0, x1);
+        dequant(wy[jj], y0, y1);
+        if (GROUPED) {  // packed scales pair the columns j and j + 4 of each run of 8 (marlin24.scale_perm)
+          const uint32_t sx0 = bcast_lo(vx[jj]), sx1 = bcast_hi(vx[jj]);
+          const uint32_t sy0 = bcast_lo(vy[jj]), sy1 = bcast_hi(vy[jj]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            x0[h] = hmul2(x0[h], sx0);
+            x1[h] = hmul2(x1[h], sx1);
+            y0[h] = hmul2(y0[h], sy0);
+            y1[h] = hmul2(y1[h], sy1);
+          }
+        }
+        const uint32_t f0[4] = {x0[0], y0[0], x0[1], y0[1]}, f1[4] = {x1[0], y1[0], x1[1], y1[1]};
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          a[2 * jj][r] = f0[r];
+          a[2 * jj + 1][r] = f1[r];
+        }
+      }
+      pin(acc);
+      wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        wgmma_sp_m64n64k32<0>(acc[2 * jj], a[2 * jj], mw[jj], desc + 4 * q);
+        wgmma_sp_m64n64k32<1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc + 4 * q);
+      }
+      wgmma_commit();
+      // as in the dense wgmma kernel: the previous group only within a stage, all of them at its end
+      if (q + 1 < C::KT) {
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+      pin(acc);
+    }
+  };
+
+  // C from the accumulators, scaled per channel when there is one group: straight to C (stage == nullptr: a
+  // whole strip inside the run) or into the staging tile in the ring (after the run, add_deferred).
+  const uint32_t ring = (smem_addr(smem) + 1023) & ~1023u;
+  __half* const stage = reinterpret_cast<__half*>(smem) + (ring - smem_addr(smem)) / 2;
+  static_assert(C::R * kStageStride * 2 <= C::STAGES * C::STAGE * 16, "the staging tile fits in the ring");
+  auto store_c = [&](int col, int tile, bool staged = false) {
+    const int x0 = col * C::W + strip * 128 + 16 * g + 2 * half;
+    store_registers<C::R>(
+        staged ? stage + (x0 - col * C::W) : c_g + x0, staged ? kStageStride : p.n, staged ? C::R : m_rows, tile, acc,
+        [](int u, int h) { return u / 2 + 4 * (u % 2) + 8 * h; },
+        [&](int u, int h) {
+          return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[x0 + u / 2 + 4 * (u % 2) + 8 * h]);
+        });
+  };
+  auto copy_c = [&](int col) { copy_staged<C::THREADS, C::R, C::W>(stage, c_g + col * C::W, p.n, m_rows); };
+  auto finish = [&](int col, int seg_begin, int seg_end) {
+    finish_registers<C::THREADS>(p, run, s_last, s_deferred, n_deferred, col, seg_begin, seg_end, acc, store_c);
+  };
+
+  pipeline<C::STAGES, C::STAGE * 16>(
+      run, ring, p.early_dependents, [&](uint32_t st) { loader.load(st); },
+      fence_proxy_async, compute_stage, finish);
+  wgmma_wait<0>();
+  add_deferred<C::THREADS>(p, run, s_deferred, n_deferred, acc, [&](int col, int j) { store_c(col, j, true); },
+                           copy_c);
+#endif
+}
+
+cudaError_t launch_sm90(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+  static bool ready[2][kMaxDevices] = {};  // the opt-in shared-memory size is set once per kernel and device
+  auto kernel = grouped ? gemm24_sm90_kernel<true> : gemm24_sm90_kernel<false>;
+  if (!ready[grouped][device]) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sm90Cfg::SMEM);
+    if (err != cudaSuccess) return err;
+    ready[grouped][device] = true;
+  }
+  return launch_kernel(kernel, grid, Sm90Cfg::THREADS, Sm90Cfg::SMEM, device, stream, p);
+}
+
+}  // namespace sparse24
+}  // namespace marlin_cli
