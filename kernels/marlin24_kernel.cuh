@@ -53,6 +53,30 @@ __device__ __forceinline__ void mma_sp_16832(const uint32_t (&a)[4], const uint3
         "n"(SEL));
 }
 
+// The sparse A operands of tiles (j, 0) and (j, 1) from word j of a lane's two chunks of codes (wx: the tiles' rows
+// g, wy: rows g + 8), times the packed group scales sx, sy of those rows when GROUPED (a scale word pairs the
+// columns j and j + 4 of each run of 8: marlin24.scale_perm), rows g and g + 8 interleaved as mma.sp and wgmma.sp
+// read them.
+template <bool GROUPED>
+__device__ __forceinline__ void tile_pair(uint32_t wx, uint32_t wy, uint32_t sx, uint32_t sy, uint32_t (&a0)[4],
+                                          uint32_t (&a1)[4]) {
+  uint32_t x0[2], x1[2], y0[2], y1[2];
+  dequant(wx, x0, x1);
+  dequant(wy, y0, y1);
+  if (GROUPED) {
+    const uint32_t sx0 = bcast_lo(sx), sx1 = bcast_hi(sx), sy0 = bcast_lo(sy), sy1 = bcast_hi(sy);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      x0[h] = hmul2(x0[h], sx0);
+      x1[h] = hmul2(x1[h], sx1);
+      y0[h] = hmul2(y0[h], sy0);
+      y1[h] = hmul2(y1[h], sy1);
+    }
+  }
+  a0[0] = x0[0], a0[1] = y0[0], a0[2] = x0[1], a0[3] = y0[1];
+  a1[0] = x1[0], a1[1] = y1[0], a1[2] = x1[1], a1[3] = y1[1];
+}
+
 template <int TT_, int NS_, int KQ_, int STAGES_>
 struct Cfg {
   static constexpr int TT = TT_;          // 8-row tiles of A per chunk (chunk = 8 * TT rows)
@@ -261,23 +285,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        // x0 / x1: rows 16g + j / + 4 (chunk 8g + t); y0 / y1: rows 16g + 8 + j / + 4 (chunk 8g + 4 + t)
-        uint32_t x0[2], x1[2], y0[2], y1[2];
-        dequant(wx[j], x0, x1);
-        dequant(wy[j], y0, y1);
-        if (GROUPED) {  // packed scales pair the columns j and j + 4 of each run of 8 (marlin24.scale_perm)
-          const uint32_t sx0 = bcast_lo(vx[j]), sx1 = bcast_hi(vx[j]), sy0 = bcast_lo(vy[j]), sy1 = bcast_hi(vy[j]);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            x0[h] = hmul2(x0[h], sx0);
-            x1[h] = hmul2(x1[h], sx1);
-            y0[h] = hmul2(y0[h], sy0);
-            y1[h] = hmul2(y1[h], sy1);
-          }
-        }
-        // A fragment: row g (K chunk t, then t + 4) and row g + 8 interleaved as mma.sp reads them
-        const uint32_t a0[4] = {x0[0], y0[0], x0[1], y0[1]};
-        const uint32_t a1[4] = {x1[0], y1[0], x1[1], y1[1]};
+        // tile (j, p): rows 16g + j + 4p (chunk 8g + t) and + 8 (chunk 8g + 4 + t)
+        uint32_t a0[4], a1[4];
+        tile_pair<GROUPED>(wx[j], wy[j], vx[j], vy[j], a0, a1);
 #pragma unroll
         for (int i = 0; i < C::TT; ++i) {
           mma_sp_16832<0>(a0, af[i], mw[j], acc[i][j][0]);

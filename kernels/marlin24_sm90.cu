@@ -98,9 +98,6 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm24_sm90_kernel(const 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Sm90Cfg;
   extern __shared__ int4 smem[];
-  __shared__ int s_last;
-  __shared__ Deferred s_deferred[2];
-  int n_deferred = 0;
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -110,11 +107,9 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm24_sm90_kernel(const 
 
   Run run;
   if (!plan_run(p.m, p.n, p.k, C::R, C::W, 32 * C::KT, p.blocks_per_chunk, run)) return;
-  const int chunk = run.chunk, m_rows = run.m_rows;
 
-  const int4* a_g = p.a + static_cast<int64_t>(chunk) * C::R * (p.k / 8);
-  __half* c_g = reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(chunk) * C::R * p.n;
-  Sm90Loader<GROUPED> loader(p, a_g, m_rows, run.t_begin);
+  const int4* a_g = p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8);
+  Sm90Loader<GROUPED> loader(p, a_g, run.m_rows, run.t_begin);
 
   // Byte offsets in a stage for k32 row 0 (row q adds q times the row's bytes): half h of chunks 8g + t and
   // 8g + 4 + t (trading places for odd g, Sm90Loader), metadata words j = 2h, 2h + 1, scales of those tiles.
@@ -155,29 +150,7 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm24_sm90_kernel(const 
       const uint32_t vx[2] = {sx.x, sx.y}, vy[2] = {sy.x, sy.y};
       uint32_t a[4][4];
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        // x0 / x1: rows g of tiles (j, 0) / (j, 1); y0 / y1: their rows g + 8
-        uint32_t x0[2], x1[2], y0[2], y1[2];
-        dequant(wx[jj], x0, x1);
-        dequant(wy[jj], y0, y1);
-        if (GROUPED) {  // packed scales pair the columns j and j + 4 of each run of 8 (marlin24.scale_perm)
-          const uint32_t sx0 = bcast_lo(vx[jj]), sx1 = bcast_hi(vx[jj]);
-          const uint32_t sy0 = bcast_lo(vy[jj]), sy1 = bcast_hi(vy[jj]);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            x0[h] = hmul2(x0[h], sx0);
-            x1[h] = hmul2(x1[h], sx1);
-            y0[h] = hmul2(y0[h], sy0);
-            y1[h] = hmul2(y1[h], sy1);
-          }
-        }
-        const uint32_t f0[4] = {x0[0], y0[0], x0[1], y0[1]}, f1[4] = {x1[0], y1[0], x1[1], y1[1]};
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          a[2 * jj][r] = f0[r];
-          a[2 * jj + 1][r] = f1[r];
-        }
-      }
+      for (int jj = 0; jj < 2; ++jj) tile_pair<GROUPED>(wx[jj], wy[jj], vx[jj], vy[jj], a[2 * jj], a[2 * jj + 1]);
       pin(acc);
       wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
 #pragma unroll
@@ -196,43 +169,19 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm24_sm90_kernel(const 
     }
   };
 
-  // C from the accumulators, scaled per channel when there is one group: straight to C (stage == nullptr: a
-  // whole strip inside the run) or into the staging tile in the ring (after the run, add_deferred).
-  const uint32_t ring = (smem_addr(smem) + 1023) & ~1023u;
-  __half* const stage = reinterpret_cast<__half*>(smem) + (ring - smem_addr(smem)) / 2;
-  static_assert(C::R * kStageStride * 2 <= C::STAGES * C::STAGE * 16, "the staging tile fits in the ring");
-  auto store_c = [&](int col, int tile, bool staged = false) {
-    const int x0 = col * C::W + strip * 128 + 16 * g + 2 * half;
-    store_registers<C::R>(
-        staged ? stage + (x0 - col * C::W) : c_g + x0, staged ? kStageStride : p.n, staged ? C::R : m_rows, tile, acc,
-        [](int u, int h) { return u / 2 + 4 * (u % 2) + 8 * h; },
-        [&](int u, int h) {
-          return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[x0 + u / 2 + 4 * (u % 2) + 8 * h]);
-        });
-  };
-  auto copy_c = [&](int col) { copy_staged<C::THREADS, C::R, C::W>(stage, c_g + col * C::W, p.n, m_rows); };
-  auto finish = [&](int col, int seg_begin, int seg_end) {
-    finish_registers<C::THREADS>(p, run, s_last, s_deferred, n_deferred, col, seg_begin, seg_end, acc, store_c);
-  };
-
-  pipeline<C::STAGES, C::STAGE * 16>(
-      run, ring, p.early_dependents, [&](uint32_t st) { loader.load(st); },
-      fence_proxy_async, compute_stage, finish);
-  wgmma_wait<0>();
-  add_deferred<C::THREADS>(p, run, s_deferred, n_deferred, acc, [&](int col, int j) { store_c(col, j, true); },
-                           copy_c);
+  // output columns: 128 strip + 16g + 2 half + jj + 4p + 8h of the block's 256 for tile u = 2jj + p; per-channel
+  // scales in column order
+  wgmma_run<C, GROUPED>(
+      p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, compute_stage,
+      [&](int col) { return col * C::W + strip * 128 + 16 * g + 2 * half; },
+      [](int u, int h) { return u / 2 + 4 * (u % 2) + 8 * h; }, [](int x) { return x; });
 #endif
 }
 
 cudaError_t launch_sm90(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  static bool ready[2][kMaxDevices] = {};  // the opt-in shared-memory size is set once per kernel and device
-  auto kernel = grouped ? gemm24_sm90_kernel<true> : gemm24_sm90_kernel<false>;
-  if (!ready[grouped][device]) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sm90Cfg::SMEM);
-    if (err != cudaSuccess) return err;
-    ready[grouped][device] = true;
-  }
-  return launch_kernel(kernel, grid, Sm90Cfg::THREADS, Sm90Cfg::SMEM, device, stream, p);
+  static bool ready[2][kMaxDevices] = {};
+  return launch_opt_in(grouped ? gemm24_sm90_kernel<true> : gemm24_sm90_kernel<false>, ready[grouped][device], grid,
+                       Sm90Cfg::THREADS, Sm90Cfg::SMEM, device, stream, p);
 }
 
 }  // namespace sparse24

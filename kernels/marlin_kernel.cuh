@@ -805,6 +805,18 @@ cudaError_t launch_kernel(void (*kernel)(P), int grid, int threads, int smem, in
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
+// launch_kernel after raising the kernel's dynamic shared-memory limit to smem, once per kernel and device (`ready`).
+template <class P>
+cudaError_t launch_opt_in(void (*kernel)(P), bool& ready, int grid, int threads, int smem, int device,
+                          cudaStream_t stream, const P& p) {
+  if (!ready) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    ready = true;
+  }
+  return launch_kernel(kernel, grid, threads, smem, device, stream, p);
+}
+
 // The checks both products make before any launch (k % 128, n % n_multiple, the device, the workspace); sets
 // lg_group from the group count (unit: depth of a k tile, 16 dense, 32 for 2:4).
 template <class Args>
@@ -847,15 +859,8 @@ cudaError_t run_chunk_groups(P& p, const Args& g, const void* a, int lg_group, i
 
 template <class C, bool GROUPED>
 cudaError_t launch(const Params& p, int grid, int device, cudaStream_t stream) {
-  static bool ready[kMaxDevices] = {};  // the opt-in shared-memory size is set once per device
-  auto kernel = gemm_kernel<C, GROUPED>;
-  if (!ready[device]) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
-    if (err != cudaSuccess) return err;
-    ready[device] = true;
-  }
-  return launch_kernel(kernel, grid, kThreads, C::SMEM, device, stream, p);
+  static bool ready[kMaxDevices] = {};
+  return launch_opt_in(gemm_kernel<C, GROUPED>, ready[device], grid, kThreads, C::SMEM, device, stream, p);
 }
 
 // Tile shapes: small m streams 128 x 128 tiles (two strips, 4 k warps each: the deep k split keeps 8 warps busy on

@@ -36,9 +36,6 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Sm90Cfg;
   extern __shared__ int4 smem[];
-  __shared__ int s_last;
-  __shared__ Deferred s_deferred[2];
-  int n_deferred = 0;
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -46,11 +43,9 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
 
   Run run;
   if (!plan_run(p.m, p.n, p.k, C::R, C::W, 16 * C::KT, p.blocks_per_chunk, run)) return;
-  const int chunk = run.chunk, m_rows = run.m_rows, k_tiles = run.k_tiles;
 
-  const int4* a_g = p.a + static_cast<int64_t>(chunk) * C::R * (p.k / 8);
-  __half* c_g = reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(chunk) * C::R * p.n;
-  StageLoader<C, GROUPED> loader(p, a_g, m_rows, run.t_begin, k_tiles);
+  const int4* a_g = p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8);
+  StageLoader<C, GROUPED> loader(p, a_g, run.m_rows, run.t_begin, run.k_tiles);
 
   const uint32_t b_off = (C::A_STAGE + warp * 32 + lane) * 16;
   const uint32_t s_off = (C::A_STAGE + C::B_STAGE + warp * 8 + lane / 4) * 16;
@@ -58,13 +53,10 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
   // acc[j]: the j-th wgmma's 64 x 64 tile. Its element 4i + e of this thread is output column
   // 64 * warp + 16j + 8(e / 2) + lane / 4 of the strip, row 8i + 2(lane % 4) + e % 2 of the chunk.
   float acc[4][C::ACC];
-  auto zero_acc = [&] {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
-  };
-  zero_acc();
+    for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
 
   auto compute_stage = [&](uint32_t st) {
     const uint64_t desc = a_desc(st);
@@ -101,45 +93,18 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
     }
   };
 
-  // C from the accumulators, scaled per channel when there is one group: straight to C (stage == nullptr: a
-  // whole strip inside the run) or into the staging tile in the ring (after the run, add_deferred).
-  const uint32_t ring = (smem_addr(smem) + 1023) & ~1023u;
-  __half* const stage = reinterpret_cast<__half*>(smem) + (ring - smem_addr(smem)) / 2;
-  static_assert(C::R * kStageStride * 2 <= C::STAGES * C::STAGE * 16, "the staging tile fits in the ring");
-  auto store_c = [&](int col, int tile, bool staged = false) {
-    const int x0 = col * C::W + warp * 64 + lane / 4;
-    store_registers<C::R>(
-        staged ? stage + (x0 - col * C::W) : c_g + x0, staged ? kStageStride : p.n, staged ? C::R : m_rows, tile, acc,
-        [](int j, int h) { return 16 * j + 8 * h; },
-        [&](int j, int h) {
-          return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[scale_pos(x0 + 16 * j + 8 * h)]);
-        });
-  };
-  auto copy_c = [&](int col) { copy_staged<C::THREADS, C::R, C::W>(stage, c_g + col * C::W, p.n, m_rows); };
-  auto finish = [&](int col, int seg_begin, int seg_end) {
-    finish_registers<C::THREADS>(p, run, s_last, s_deferred, n_deferred, col, seg_begin, seg_end, acc, store_c);
-  };
-
-  // --- main loop: the sm_80 kernel's, with the landed stage made visible to wgmma ----------------------------
-  pipeline<C::STAGES, C::STAGE * 16>(
-      run, ring, p.early_dependents, [&](uint32_t st) { loader.load(st); },
-      fence_proxy_async, compute_stage, finish);
-  wgmma_wait<0>();
-  add_deferred<C::THREADS>(p, run, s_deferred, n_deferred, acc, [&](int col, int j) { store_c(col, j, true); },
-                           copy_c);
+  // output columns: 64 warp + 16j + 8h + lane / 4 of the strip; per-channel scales permuted (scale_pos)
+  wgmma_run<C, GROUPED>(
+      p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, compute_stage,
+      [&](int col) { return col * C::W + warp * 64 + lane / 4; }, [](int j, int h) { return 16 * j + 8 * h; },
+      scale_pos);
 #endif
 }
 
 cudaError_t launch_sm90(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  static bool ready[2][kMaxDevices] = {};  // the opt-in shared-memory size is set once per kernel and device
-  auto kernel = grouped ? gemm_sm90_kernel<true> : gemm_sm90_kernel<false>;
-  if (!ready[grouped][device]) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sm90Cfg::SMEM);
-    if (err != cudaSuccess) return err;
-    ready[grouped][device] = true;
-  }
-  return launch_kernel(kernel, grid, Sm90Cfg::THREADS, Sm90Cfg::SMEM, device, stream, p);
+  static bool ready[2][kMaxDevices] = {};
+  return launch_opt_in(grouped ? gemm_sm90_kernel<true> : gemm_sm90_kernel<false>, ready[grouped][device], grid,
+                       Sm90Cfg::THREADS, Sm90Cfg::SMEM, device, stream, p);
 }
 
 }  // namespace detail

@@ -206,6 +206,43 @@ __device__ __forceinline__ void copy_staged(const __half* stage, __half* c, int 
   }
 }
 
+// The main loop and end of both wgmma kernels for config C: the ring loop over the run's tiles (load(st) copies a
+// stage, compute(st) consumes it once it is visible to wgmma), the split-k finish of each column strip the run ends
+// (finish_registers) and, after the loop, the strips it completes (add_deferred), staged in the idle ring. The
+// accumulators go to C with the kernel's column map: this thread's columns of strip col are x0_of(col) +
+// col_of(j, h) (tile j, accumulator half h), and with one group their scale is p.s[scale_index(column)].
+template <class C, bool GROUPED, class Load, class Compute, class X0, class ColOf, class ScaleIndex>
+__device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4* smem, float (&acc)[4][C::ACC],
+                                          Load&& load, Compute&& compute, X0&& x0_of, ColOf&& col_of,
+                                          ScaleIndex&& scale_index) {
+  __shared__ int s_last;
+  __shared__ Deferred s_deferred[2];
+  int n_deferred = 0;
+  const uint32_t ring = (smem_addr(smem) + 1023) & ~1023u;  // stages start on 1024-byte swizzle atoms
+  __half* const stage = reinterpret_cast<__half*>(smem) + (ring - smem_addr(smem)) / 2;
+  static_assert(C::R * kStageStride * 2 <= C::STAGES * C::STAGE * 16, "the staging tile fits in the ring");
+  __half* const c_g = reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(run.chunk) * C::R * p.n;
+
+  // straight to C (a whole strip inside the run) or into the staging tile (after the run)
+  auto store_c = [&](int col, int tile, bool staged) {
+    const int x0 = x0_of(col);
+    store_registers<C::R>(
+        staged ? stage + (x0 - col * C::W) : c_g + x0, staged ? kStageStride : p.n, staged ? C::R : run.m_rows, tile,
+        acc, col_of, [&](int j, int h) {
+          return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[scale_index(x0 + col_of(j, h))]);
+        });
+  };
+  auto finish = [&](int col, int seg_begin, int seg_end) {
+    finish_registers<C::THREADS>(p, run, s_last, s_deferred, n_deferred, col, seg_begin, seg_end, acc,
+                                 [&](int c, int tile) { store_c(c, tile, false); });
+  };
+  pipeline<C::STAGES, C::STAGE * 16>(run, ring, p.early_dependents, load, fence_proxy_async, compute, finish);
+  wgmma_wait<0>();
+  add_deferred<C::THREADS>(
+      p, run, s_deferred, n_deferred, acc, [&](int col, int j) { store_c(col, j, true); },
+      [&](int col) { copy_staged<C::THREADS, C::R, C::W>(stage, c_g + col * C::W, p.n, run.m_rows); });
+}
+
 #endif
 
 }  // namespace detail
