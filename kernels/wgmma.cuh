@@ -1,5 +1,6 @@
 // Hopper warpgroup MMA (wgmma) pieces shared by the dense and the 2:4 wgmma kernels (marlin_sm90.cu,
-// marlin24_sm90.cu): PTX wrappers, and the split-k finish of a 64 x 256 tile held in a warpgroup's registers.
+// marlin24_sm90.cu): PTX wrappers, and their common main loop and end (wgmma_run): the split-k finish of a 64 x 256
+// tile held in a warpgroup's registers, the parts added after the run, the C stores.
 // Only compiled into code for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); for other targets this header adds nothing.
 #pragma once
 
