@@ -45,7 +45,7 @@ cudaError_t launch_choice(const Choice& c, bool grouped, const Params& p, int gr
 
 bool has_wgmma(int device) {
 #ifdef MARLIN_SM90A
-  return compute_capability(device) == 90 && max_smem(device) >= Sm90Cfg::SMEM;
+  return compute_capability(device) == 90 && max_smem(device) >= kSm90Smem;
 #else
   (void)device;
   return false;
@@ -92,22 +92,23 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
     a = g.a_perm;
   }
 
-  // m > 32 on an sm_90a build and a Hopper GPU: the wgmma kernel (64-row chunks, 256-column strips); otherwise the
-  // sm_80 kernel with the tile choose() picks.
-  const bool sm90 = g.m > 32 && g.n % Sm90Cfg::W == 0 && has_wgmma(g.device);
+  // m > 32 on an sm_90a build and a Hopper GPU: the wgmma kernel (64 x 256 tiles, 128 x 128 for m > 64);
+  // otherwise the sm_80 kernel with the tile choose() picks.
+  const int sm90_r = sm90_rows(g.m), sm90_w = 64 * 256 / sm90_r;
+  const bool sm90 = g.m > 32 && g.n % sm90_w == 0 && has_wgmma(g.device);
   Choice choice{};
   if (!sm90 && !choose(g.m, g.n, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
-  const int rows = sm90 ? Sm90Cfg::R : choice.rows;
+  const int rows = sm90 ? sm90_r : choice.rows;
   const int blocks_per_sm = sm90 || choice.rows <= 32 ? kMaxBlocksPerSm : 1;
-  const int n_cols = g.n / (sm90 ? Sm90Cfg::W : 64 * choice.ns);
+  const int n_cols = g.n / (sm90 ? sm90_w : 64 * choice.ns);
 
   Params p;
   return run_chunk_groups(p, g, a, lg_group, rows, n_cols, [&](int par) {
-    p.blocks_per_chunk = sm90 ? sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (16 * Sm90Cfg::KT))
+    p.blocks_per_chunk = sm90 ? sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (16 * Sm90Cfg<64>::KT))
                               : g.sms * blocks_per_sm / par;
     const int grid = par * p.blocks_per_chunk;
     p.early_dependents = grid >= g.sms * blocks_per_sm;
-    return sm90 ? launch_sm90(grouped, p, grid, g.device, stream)
+    return sm90 ? launch_sm90(sm90_r, grouped, p, grid, g.device, stream)
                 : launch_choice(choice, grouped, p, grid, g.device, stream);
   });
 }

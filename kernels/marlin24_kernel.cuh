@@ -377,7 +377,7 @@ struct Sm90Cfg {
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x n64 / 128)
   static_assert(A_CHUNKS == 8, "the A tile must be the 128-byte swizzle: 64 fp16 per row");
   static_assert(STAGE * 16 % 1024 == 0, "every stage (and so its A tile) starts on a swizzle atom");
-  static_assert(SMEM <= detail::Sm90Cfg::SMEM, "fits wherever the dense wgmma kernel does (has_wgmma)");
+  static_assert(SMEM <= detail::kSm90Smem, "fits wherever the dense wgmma kernel does (has_wgmma)");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 cudaError_t launch_sm90(bool grouped, const Params& p, int grid, int device, cudaStream_t stream);

@@ -898,33 +898,41 @@ MARLIN_DECLARE_LAUNCHER(2)
 MARLIN_DECLARE_LAUNCHER(3)
 MARLIN_DECLARE_LAUNCHER(4)
 
-// The wgmma kernel for m > 32 on sm_90a (marlin_sm90.cu): one warpgroup per block, 64-row chunks (wgmma's n),
-// 256-column strips, 64-deep stages.
+// The wgmma kernel for m > 32 on sm_90a (marlin_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n) by
+// W-column tiles, 64-deep stages. Both shapes hold 128 fp32 accumulators per thread; 128-row chunks (m > 64) use
+// each dequantized weight for twice the rows, so they dequantize half as often per product (perf-log w4).
+template <int R_>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
-  static constexpr int MB = 4, R = 64;  // rows of the A / C tile: wgmma's n
-  static constexpr int NS = 4, W = 256;  // one 64-column strip per warp
-  static constexpr int KT = 4;           // k16 tiles per stage: one 128-byte row of A per row
-  static constexpr int STAGES = 6;
+  static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
+  static constexpr int W = 64 * 256 / R;
+  static constexpr int NS = W / 64;    // 64-column strips; also the wgmma (packed words) per warp and k16 tile
+  static constexpr int KT = 4;         // k16 tiles per stage: one 128-byte row of A per row
   static constexpr int A_CHUNKS = 2 * KT;
   static constexpr int A_STAGE = R * A_CHUNKS;
   static constexpr int B_STAGE = KT * NS * 32;
   static constexpr int S_ROWS = KT / 2;
   static constexpr int S_STAGE = S_ROWS * NS * 8;
-  static constexpr int STAGE = A_STAGE + B_STAGE + S_STAGE;
+  static constexpr int STAGE = (A_STAGE + B_STAGE + S_STAGE + 63) / 64 * 64;  // whole 1024-byte swizzle atoms
+  static constexpr int STAGES = R == 64 ? 6 : 5;  // as many as two blocks per SM hold
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
-  static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x n64 / 128)
+  static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
+  static_assert(R == 64 || R == 128, "wgmma's n: 64 or 128");
   static_assert(A_CHUNKS == 8, "the A tile must be the 128-byte swizzle: 64 fp16 per row");
-  static_assert(STAGE * 16 % 1024 == 0, "every stage (and so its A tile) starts on a swizzle atom");
+  static_assert(NS * ACC == 128, "128 accumulators per thread");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
-cudaError_t launch_sm90(bool grouped, const Params& p, int grid, int device, cudaStream_t stream);
+// Shared memory a block of either shape needs (has_wgmma).
+constexpr int kSm90Smem = Sm90Cfg<64>::SMEM > Sm90Cfg<128>::SMEM ? Sm90Cfg<64>::SMEM : Sm90Cfg<128>::SMEM;
+// Rows of the wgmma kernel's chunks for m rows (m > 32).
+inline int sm90_rows(int m) { return m > 64 ? 128 : 64; }
+cudaError_t launch_sm90(int rows, bool grouped, const Params& p, int grid, int device, cudaStream_t stream);
 // Whether the wgmma kernels can run: built for sm_90a (MARLIN_SM90A) and the device is compute capability 9.0.
 bool has_wgmma(int device);
 
-// Blocks per chunk for the wgmma kernels (64 x 256 tiles, two blocks per SM): every block slot, shared by `par`
-// chunks, but at most 8 parts per column strip: a 64 x 256 fp32 partial is 64 KB, as much as 8 tiles of dense
-// weights, and the last block adds them one after another (4096 x 4096 at m = 64: 33.5 -> 21.5 us; perf-log).
+// Blocks per chunk for the wgmma kernels (two blocks per SM): every block slot, shared by `par` chunks, but at most
+// 8 parts per column strip: a tile's fp32 partial is 64 KB, as much as 8 64 x 256 tiles of dense weights, and the
+// last block adds them one after another (4096 x 4096 at m = 64: 33.5 -> 21.5 us; perf-log).
 inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles) {
   constexpr int kParts = 8;
   const int min_iters = (k_tiles + kParts - 1) / kParts;

@@ -7,9 +7,12 @@
 //
 // The layout makes this free: a lane's packed word j of a 64-column strip dequantizes to the B fragments of the
 // strip's n8 sub-tiles 2j and 2j + 1 (DESIGN.md 3.1), which are exactly the rows g and g + 8 of an m16k16 register
-// fragment. Warp w of the warpgroup reads its own 16 bytes of strip w (as in the sm_80 kernel) and feeds word j to
-// the j-th wgmma, whose 64 rows are therefore columns {strip w, sub-tiles 2j, 2j + 1} for w = 0..3: four wgmma per
-// k16 tile cover the block's 256 columns, and the accumulators map back to columns when C is written.
+// fragment. With 64-row chunks (64 x 256 tiles) warp w of the warpgroup reads its own 16 bytes of strip w (as in the
+// sm_80 kernel) and feeds word j to the j-th wgmma, whose 64 rows are therefore columns {strip w, sub-tiles 2j,
+// 2j + 1} for w = 0..3: four m64n64k16 per k16 tile cover the block's 256 columns. With 128-row chunks (128 x 128
+// tiles, m > 64) warps 2s and 2s + 1 share strip s, each taking 8 of its lane's 16 bytes (words 2(w % 2) + j), and
+// two m64n128k16 cover the 128 columns: the same accumulators, half the dequantization per product. In both the
+// accumulators map back to columns when C is written.
 //
 // Everything else is the sm_80 kernel's: the striped partition, the StageLoader, the split-k protocol
 // (finish_strip; partials are saved straight from the registers), chunks of 64 rows side by side for larger m.
@@ -31,15 +34,31 @@ __device__ __forceinline__ int scale_pos(int x) {
 
 #endif
 
-template <bool GROUPED>
-__global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Params p) {
+// J consecutive packed words from shared memory (one 16-, 8- or 4-byte load).
+template <int J>
+__device__ __forceinline__ void lds_words(uint32_t addr, uint32_t (&w)[J]) {
+  if constexpr (J == 4) {
+    const int4 v = lds128(addr);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (J == 2) {
+    const uint2 v = lds64(addr);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = lds32(addr);
+  }
+}
+
+template <class C, bool GROUPED>
+__global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = Sm90Cfg;
+  constexpr int J = C::NS;  // wgmma per k16 tile, and packed words per lane per k16 tile
   extern __shared__ int4 smem[];
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
-  const int warp = tid / 32;  // = the 64-column strip this warp's weights come from
+  const int warp = tid / 32;
+  // this warp's weights: words [word0, word0 + J) of its lanes' 16 bytes of 64-column strip `strip`
+  const int strip = warp * C::NS / 4, word0 = warp % (4 / C::NS) * C::NS;
 
   Run run;
   if (!plan_run(p.m, p.n, p.k, C::R, C::W, 16 * C::KT, p.blocks_per_chunk, run)) return;
@@ -47,14 +66,14 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
   const int4* a_g = p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8);
   StageLoader<C, GROUPED> loader(p, a_g, run.m_rows, run.t_begin, run.k_tiles);
 
-  const uint32_t b_off = (C::A_STAGE + warp * 32 + lane) * 16;
-  const uint32_t s_off = (C::A_STAGE + C::B_STAGE + warp * 8 + lane / 4) * 16;
+  const uint32_t b_off = (C::A_STAGE + strip * 32 + lane) * 16 + 4 * word0;
+  const uint32_t s_off = (C::A_STAGE + C::B_STAGE + strip * 8 + lane / 4) * 16 + 4 * word0;
 
-  // acc[j]: the j-th wgmma's 64 x 64 tile. Its element 4i + e of this thread is output column
-  // 64 * warp + 16j + 8(e / 2) + lane / 4 of the strip, row 8i + 2(lane % 4) + e % 2 of the chunk.
-  float acc[4][C::ACC];
+  // acc[j]: the j-th wgmma's 64 x R tile. Its element 4i + e of this thread is output column
+  // 16 (NS warp + j) + 8(e / 2) + lane / 4 of the block's tile, row 8i + 2(lane % 4) + e % 2 of the chunk.
+  float acc[J][C::ACC];
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
 
@@ -62,16 +81,12 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
     const uint64_t desc = a_desc(st);
 #pragma unroll
     for (int q = 0; q < C::KT; ++q) {
-      const int4 bq = lds128(st + b_off + q * C::NS * 32 * 16);
-      const uint32_t bw[4] = {static_cast<uint32_t>(bq.x), static_cast<uint32_t>(bq.y),
-                              static_cast<uint32_t>(bq.z), static_cast<uint32_t>(bq.w)};
-      int4 sc = make_int4(0, 0, 0, 0);
-      if (GROUPED) sc = lds128(st + s_off + ((q >> p.lg_group) * C::NS * 8 * 16));
-      const uint32_t sw[4] = {static_cast<uint32_t>(sc.x), static_cast<uint32_t>(sc.y),
-                              static_cast<uint32_t>(sc.z), static_cast<uint32_t>(sc.w)};
-      uint32_t a[4][4];
+      uint32_t bw[J], sw[J] = {};
+      lds_words(st + b_off + q * C::NS * 32 * 16, bw);
+      if (GROUPED) lds_words(st + s_off + ((q >> p.lg_group) * C::NS * 8 * 16), sw);
+      uint32_t a[J][4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < J; ++j) {
         uint32_t f0[2], f1[2];
         dequant_scaled<GROUPED>(bw[j], sw[j], f0, f1);
         a[j][0] = f0[0];  // rows g: sub-tile 2j, k 2c..2c+1
@@ -81,7 +96,7 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
       }
       wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wgmma_m64n64k16(acc[j], a[j], desc + 2 * q);
+      for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(acc[j], a[j], desc + 2 * q);
       wgmma_commit();
       // Within a stage, wait for the previous k16 tile's wgmma only (their fragment registers are reused next).
       // At the end of a stage, wait for all: ptxas may move accumulators at the loop's back edge.
@@ -93,18 +108,24 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm_sm90_kernel(const Pa
     }
   };
 
-  // output columns: 64 warp + 16j + 8h + lane / 4 of the strip; per-channel scales permuted (scale_pos)
+  // output columns: 16 (NS warp + j) + 8h + lane / 4 of the tile; per-channel scales permuted (scale_pos)
   wgmma_run<C, GROUPED>(
       p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, compute_stage,
-      [&](int col) { return col * C::W + warp * 64 + lane / 4; }, [](int j, int h) { return 16 * j + 8 * h; },
+      [&](int col) { return col * C::W + 16 * C::NS * warp + lane / 4; }, [](int j, int h) { return 16 * j + 8 * h; },
       scale_pos);
 #endif
 }
 
-cudaError_t launch_sm90(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+template <class C>
+cudaError_t launch_rows(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
   static bool ready[2][kMaxDevices] = {};
-  return launch_opt_in(grouped ? gemm_sm90_kernel<true> : gemm_sm90_kernel<false>, ready[grouped][device], grid,
-                       Sm90Cfg::THREADS, Sm90Cfg::SMEM, device, stream, p);
+  return launch_opt_in(grouped ? gemm_sm90_kernel<C, true> : gemm_sm90_kernel<C, false>, ready[grouped][device], grid,
+                       C::THREADS, C::SMEM, device, stream, p);
+}
+
+cudaError_t launch_sm90(int rows, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+  return rows == 64 ? launch_rows<Sm90Cfg<64>>(grouped, p, grid, device, stream)
+                    : launch_rows<Sm90Cfg<128>>(grouped, p, grid, device, stream);
 }
 
 }  // namespace detail

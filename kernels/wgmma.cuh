@@ -1,5 +1,5 @@
 // Hopper warpgroup MMA (wgmma) pieces shared by the dense and the 2:4 wgmma kernels (marlin_sm90.cu,
-// marlin24_sm90.cu): PTX wrappers, and their common main loop and end (wgmma_run): the split-k finish of a 64 x 256
+// marlin24_sm90.cu): PTX wrappers, and their common main loop and end (wgmma_run): the split-k finish of a
 // tile held in a warpgroup's registers, the parts added after the run, the C stores.
 // Only compiled into code for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); for other targets this header adds nothing.
 #pragma once
@@ -27,21 +27,36 @@ __device__ __forceinline__ void wgmma_wait() {
 // cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-#define MARLIN_WGMMA_D32                                                                                    \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
-      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
-      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define MARLIN_WGMMA_D32_OF(X)                                                                                      \
+  "+f"(X[0]), "+f"(X[1]), "+f"(X[2]), "+f"(X[3]), "+f"(X[4]), "+f"(X[5]), "+f"(X[6]), "+f"(X[7]), "+f"(X[8]),       \
+      "+f"(X[9]), "+f"(X[10]), "+f"(X[11]), "+f"(X[12]), "+f"(X[13]), "+f"(X[14]), "+f"(X[15]), "+f"(X[16]),        \
+      "+f"(X[17]), "+f"(X[18]), "+f"(X[19]), "+f"(X[20]), "+f"(X[21]), "+f"(X[22]), "+f"(X[23]), "+f"(X[24]),       \
+      "+f"(X[25]), "+f"(X[26]), "+f"(X[27]), "+f"(X[28]), "+f"(X[29]), "+f"(X[30]), "+f"(X[31])
 #define MARLIN_WGMMA_D32_LIST                                                       \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
   "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define MARLIN_WGMMA_D64_LIST                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
+  "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
-// d (64 x 64, fp32) += a (64 x 16 from registers) @ tile (16 x 64 from shared memory, K-major).
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MARLIN_WGMMA_D32_LIST
-               ", {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-               : MARLIN_WGMMA_D32
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+// d (64 x N, fp32) += a (64 x 16 from registers) @ tile (16 x N from shared memory, K-major), N = 64 or 128.
+template <int N>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (N == 64) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MARLIN_WGMMA_D32_LIST
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D32_OF(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+  } else {
+    static_assert(N == 128, "n64 or n128");
+    float* const lo = d;
+    float* const hi = d + 32;
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " MARLIN_WGMMA_D64_LIST
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D32_OF(lo), MARLIN_WGMMA_D32_OF(hi)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+  }
 }
 
 // d (64 x 64, fp32) += a (64 x 32, 2:4 sparse: 64 x 16 kept values from registers + one metadata word) @ tile
@@ -52,21 +67,22 @@ __device__ __forceinline__ void wgmma_sp_m64n64k32(float (&d)[32], const uint32_
                                                    uint64_t desc) {
   asm volatile("wgmma.mma_async.sp.sync.aligned.m64n64k32.f32.f16.f16 " MARLIN_WGMMA_D32_LIST
                ", {%32, %33, %34, %35}, %36, %37, %38, 1, 1, 1, 0;\n"
-               : MARLIN_WGMMA_D32
+               : MARLIN_WGMMA_D32_OF(d)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
 }
 
 // An empty asm that "changes" every accumulator: placed around a stage's wgmma it stops NVVM from copying
 // accumulators between the instructions of a group, which makes ptxas serialize them (C7511).
-template <int ACC>
-__device__ __forceinline__ void pin(float (&acc)[4][ACC]) {
+template <int J, int ACC>
+__device__ __forceinline__ void pin(float (&acc)[J][ACC]) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int e = 0; e < ACC; ++e) asm volatile("" : "+f"(acc[j][e])::"memory");
 }
 
-#undef MARLIN_WGMMA_D32
+#undef MARLIN_WGMMA_D32_OF
+#undef MARLIN_WGMMA_D64_LIST
 #undef MARLIN_WGMMA_D32_LIST
 
 // A column strip whose parts a block adds up after its run (finish_registers, add_deferred); a run has at most two
@@ -75,22 +91,22 @@ struct Deferred {
   int col, bid_lo, bid_hi;
 };
 
-// The end of a run inside column strip `col` for a 64 x 256 tile in registers, acc[j] being the j-th wgmma's
-// 64 x 64 tile (ACC floats per thread): the whole strip goes straight to C through store_c(col, -1); a part is saved
-// to its workspace slot in register order (float4 v of tile j at (j * ACC / 4 + v) * THREADS + tid). The block that
+// The end of a run inside column strip `col` for a tile in registers, acc[j] being the j-th wgmma's 64-column tile
+// (ACC floats per thread): the whole strip goes straight to C through store_c(col, -1); a part is saved to its
+// workspace slot in register order (float4 v of tile j at (j * ACC / 4 + v) * THREADS + tid). The block that
 // completes a strip's count (finish_strip) does not add the parts here, inside the main loop, but records the strip
 // in `deferred` (thread 0; n_deferred counts in every thread) for add_deferred after the loop, where registers are
 // free to keep many parts' loads in flight.
-template <int THREADS, int ACC, class StoreC>
+template <int THREADS, int J, int ACC, class StoreC>
 __device__ __forceinline__ void finish_registers(const Params& p, const Run& run, int& s_last, Deferred* deferred,
                                                  int& n_deferred, int col, int seg_begin, int seg_end,
-                                                 float (&acc)[4][ACC], StoreC&& store_c) {
+                                                 float (&acc)[J][ACC], StoreC&& store_c) {
   const int tid = threadIdx.x;
   wgmma_wait<0>();
   auto save = [&](float* mine) {
     float4* dst = reinterpret_cast<float4*>(mine);
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < J; ++j)
 #pragma unroll
       for (int v = 0; v < ACC / 4; ++v) {
         dst[(j * ACC / 4 + v) * THREADS + tid] =
@@ -105,19 +121,19 @@ __device__ __forceinline__ void finish_registers(const Params& p, const Run& run
                s_last, run.bid, run.iters, col * run.k_tiles, (col + 1) * run.k_tiles, seg_begin, seg_end,
                [&] { store_c(col, -1); }, save, defer);
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int e = 0; e < ACC; ++e) acc[j][e] = 0.f;
 }
 
 // After the run: the strips finish_registers deferred, each part added in block order (as finish_strip requires)
-// one wgmma tile at a time, with the loads of kInFlight parts issued at once (they are L2 round trips: summing inside
-// the loop with 8 loads in flight made the last block's sums as long as the rest of the run on short layers), each
-// tile staged by store_c(col, j) in the now idle ring and the strip written out by copy_c(col) (perf-log).
-template <int THREADS, int ACC, class StoreC, class CopyC>
+// one wgmma tile at a time, with 128 floats per thread of parts' loads issued at once (they are L2 round trips:
+// summing inside the loop with 8 loads in flight made the last block's sums as long as the rest of the run on short
+// layers), each tile staged by store_c(col, j) in the now idle ring and the strip written out by copy_c(col) (perf-log).
+template <int THREADS, int J, int ACC, class StoreC, class CopyC>
 __device__ __forceinline__ void add_deferred(const Params& p, const Run& run, const Deferred* deferred, int n_deferred,
-                                             float (&acc)[4][ACC], StoreC&& store_c, CopyC&& copy_c) {
-  constexpr int kInFlight = 4;
+                                             float (&acc)[J][ACC], StoreC&& store_c, CopyC&& copy_c) {
+  constexpr int kInFlight = 128 / ACC;
   if (n_deferred == 0) return;
   __syncthreads();  // thread 0's records are visible
   const int tid = threadIdx.x;
@@ -130,7 +146,7 @@ __device__ __forceinline__ void add_deferred(const Params& p, const Run& run, co
              j * ACC / 4 * THREADS + tid;
     };
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < J; ++j) {
 #pragma unroll
       for (int e = 0; e < ACC; ++e) acc[j][e] = 0.f;
 #pragma unroll 1
@@ -161,18 +177,18 @@ __device__ __forceinline__ void add_deferred(const Params& p, const Run& run, co
   }
 }
 
-// A 64 x 256 tile in registers as fp16, wgmma tile `tile` of it or all (-1; a constant after inlining), into rows
+// An R x (64 J) tile in registers as fp16, wgmma tile `tile` of it or all (-1; a constant after inlining), into rows
 // `stride` halves apart from dst (C, or a staging tile in shared memory): element 4i + e of tile j (this thread) is
 // row 8i + 2(lane % 4) + e % 2 and column col_of(j, e / 2) from dst, times scale_of(j, e / 2) (1 for grouped
 // scales); rows from `rows` on are skipped. 2-byte stores, one row pointer at a time and the thread's columns at
 // offsets that unrolling makes immediates.
-template <int R, int ACC, class ColOf, class ScaleOf>
-__device__ __forceinline__ void store_registers(__half* dst, int stride, int rows, int tile, const float (&acc)[4][ACC],
+template <int R, int J, int ACC, class ColOf, class ScaleOf>
+__device__ __forceinline__ void store_registers(__half* dst, int stride, int rows, int tile, const float (&acc)[J][ACC],
                                                 ColOf&& col_of, ScaleOf&& scale_of) {
   const int c2 = 2 * (threadIdx.x % 4);
-  float sc[4][2];
+  float sc[J][2];
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h) sc[j][h] = tile < 0 || j == tile ? scale_of(j, h) : 0.f;
 #pragma unroll
@@ -183,7 +199,7 @@ __device__ __forceinline__ void store_registers(__half* dst, int stride, int row
       if (r >= rows) continue;
       __half* row = dst + static_cast<int64_t>(r) * stride;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < J; ++j) {
         if (tile >= 0 && j != tile) continue;
 #pragma unroll
         for (int h = 0; h < 2; ++h) row[col_of(j, h)] = __float2half_rn(acc[j][4 * i + 2 * h + e] * sc[j][h]);
@@ -212,8 +228,8 @@ __device__ __forceinline__ void copy_staged(const __half* stage, __half* c, int 
 // (finish_registers) and, after the loop, the strips it completes (add_deferred), staged in the idle ring. The
 // accumulators go to C with the kernel's column map: this thread's columns of strip col are x0_of(col) +
 // col_of(j, h) (tile j, accumulator half h), and with one group their scale is p.s[scale_index(column)].
-template <class C, bool GROUPED, class Load, class Compute, class X0, class ColOf, class ScaleIndex>
-__device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4* smem, float (&acc)[4][C::ACC],
+template <class C, bool GROUPED, int J, class Load, class Compute, class X0, class ColOf, class ScaleIndex>
+__device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4* smem, float (&acc)[J][C::ACC],
                                           Load&& load, Compute&& compute, X0&& x0_of, ColOf&& col_of,
                                           ScaleIndex&& scale_index) {
   __shared__ int s_last;

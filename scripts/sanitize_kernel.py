@@ -5,7 +5,7 @@ compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_k
 
 Build the kernel first (any call of marlin_cli.kernel.ops.gemm on a GPU), so the sanitizer only sees launches.
 The shapes cover every chunk height, strip width, group kind, act-order, ragged m and the split-k fixup, for the
-sm_80 kernel (m <= 32, or n not a multiple of 256) and the wgmma kernel (m > 32 on the H200), then the 2:4
+sm_80 kernel (m <= 32, or n too narrow for the wgmma tile) and the wgmma kernel (m > 32 on the H200), then the 2:4
 kernels (mma.sp, and wgmma.sp for m > 32 on the H200).
 """
 
@@ -31,9 +31,10 @@ CASES = [  # m, k, n, group, act_order
     (17, 512, 192, -1, True),
     (33, 1024, 512, 32, False),
     (64, 256, 1024, 64, False),
-    (100, 384, 384, 128, True),
-    (64, 2048, 256, 128, False),  # wgmma kernel: one strip in 8 parts
-    (100, 512, 512, -1, True),  # wgmma kernel: two chunks, per-channel scales
+    (64, 2048, 256, 128, False),  # wgmma kernel, 64 x 256 tiles: one strip in 8 parts
+    (100, 384, 384, 128, True),  # 128 x 128 tiles from here
+    (128, 2048, 128, 64, False),  # one strip in 8 parts
+    (200, 512, 512, -1, True),  # two chunks, per-channel scales
 ]
 CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and the split-k fixup
     (1, 1024, 256, 128),
