@@ -77,13 +77,18 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p
 #pragma unroll
     for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
 
+  // The packed words and scales of k16 tile q of the stage at st: each tile's are loaded before the wait for the
+  // previous tile's wgmma, so the shared-memory latency hides behind it.
+  auto lds_tile = [&](uint32_t st, int q, uint32_t (&bw)[J], uint32_t (&sw)[J]) {
+    lds_words(st + b_off + q * C::NS * 32 * 16, bw);
+    if (GROUPED) lds_words(st + s_off + ((q >> p.lg_group) * C::NS * 8 * 16), sw);
+  };
   auto compute_stage = [&](uint32_t st) {
     const uint64_t desc = a_desc(st);
+    uint32_t bw[J], sw[J] = {};
+    lds_tile(st, 0, bw, sw);
 #pragma unroll
     for (int q = 0; q < C::KT; ++q) {
-      uint32_t bw[J], sw[J] = {};
-      lds_words(st + b_off + q * C::NS * 32 * 16, bw);
-      if (GROUPED) lds_words(st + s_off + ((q >> p.lg_group) * C::NS * 8 * 16), sw);
       uint32_t a[J][4];
 #pragma unroll
       for (int j = 0; j < J; ++j) {
@@ -98,6 +103,7 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p
 #pragma unroll
       for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(acc[j], a[j], desc + 2 * q);
       wgmma_commit();
+      if (q + 1 < C::KT) lds_tile(st, q + 1, bw, sw);
       // Within a stage, wait for the previous k16 tile's wgmma only (their fragment registers are reused next).
       // At the end of a stage, wait for all: ptxas may move accumulators at the loop's back edge.
       if (q + 1 < C::KT) {
