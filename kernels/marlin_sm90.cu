@@ -34,20 +34,6 @@ __device__ __forceinline__ int scale_pos(int x) {
 
 #endif
 
-// J consecutive packed words from shared memory (one 16-, 8- or 4-byte load).
-template <int J>
-__device__ __forceinline__ void lds_words(uint32_t addr, uint32_t (&w)[J]) {
-  if constexpr (J == 4) {
-    const int4 v = lds128(addr);
-    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-  } else if constexpr (J == 2) {
-    const uint2 v = lds64(addr);
-    w[0] = v.x, w[1] = v.y;
-  } else {
-    w[0] = lds32(addr);
-  }
-}
-
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -71,6 +71,20 @@ __device__ __forceinline__ void wgmma_sp_m64n64k32(float (&d)[32], const uint32_
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
 }
 
+// J consecutive packed words from shared memory (one 16-, 8- or 4-byte load).
+template <int J>
+__device__ __forceinline__ void lds_words(uint32_t addr, uint32_t (&w)[J]) {
+  if constexpr (J == 4) {
+    const int4 v = lds128(addr);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (J == 2) {
+    const uint2 v = lds64(addr);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = lds32(addr);
+  }
+}
+
 // An empty asm that "changes" every accumulator: placed around a stage's wgmma it stops NVVM from copying
 // accumulators between the instructions of a group, which makes ptxas serialize them (C7511).
 template <int J, int ACC>

@@ -3,9 +3,10 @@
 // shared-memory tile, keeps WAIT groups in flight, and optionally ends every 4 groups like a pipeline stage
 // (wait for all, fence.proxy.async, block barrier) and builds each fragment through a short f16x2 chain.
 // perf-log (w1) compares the kernel's measured rate with these figures. The second part (`staircase`) adds the
-// kernel's own pieces one at a time on its 64 x 256 configuration: the weight words and scales read from the stage in
-// shared memory, the real dequantize-and-scale, and the stage copies (cp.async from global memory into the 6-deep
-// ring, waited for as the kernel does), so the step that costs the rate shows (perf-log w4).
+// kernel's own pieces one at a time on its 64 x 256 and 128 x 128 tiles and on 128 x 256 tiles of two warpgroups:
+// the weight words and scales read from the stage in shared memory, the real dequantize-and-scale, and the stage
+// copies (cp.async from an L2-resident source into the ring, waited for as the kernel does), so the step that
+// costs the rate shows (perf-log w4).
 //
 // Build and run on the H200 (no torch needed):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/bench_wgmma scripts/bench_wgmma_pattern.cu
@@ -129,36 +130,86 @@ void run(const char* name, float* out, int blocks) {
   cudaEventDestroy(stop);
 }
 
-// One warpgroup per block, two blocks per SM, the dense wgmma kernel's 64 x 256 stage loop: each stage waits for its
-// copies (COPY) and the block barrier, then per k16 tile reads its packed words and scales from the stage (LDS, else
-// register values), dequantizes and scales them (DEQ, else uses the words as fragments) and issues four m64n64k16 on
-// the stage's A tile, one group in flight and all retired at the stage's end. With COPY every stage is copied from
-// `src` (src_stages stages, read round-robin from a per-block start) into the slot STAGES - 1 ahead.
-using StairCfg = marlin_cli::detail::Sm90Cfg<64>;
-template <bool LDS, bool DEQ, bool COPY>
-__global__ void __launch_bounds__(128, 2) staircase(const int4* src, int src_stages, float* out, int iters) {
+// The dense wgmma kernel's stage loop for R-row chunks (wgmma's n) with WGS warpgroups per block sharing each stage's
+// A tile, each warpgroup on its own R x (16384 / R) tile (128 accumulators per thread), 2 / WGS blocks per SM: each
+// stage waits for its copies (COPY) and the block barrier, then per k16 tile reads its packed words and scales from
+// the stage (LDS, else register values), dequantizes and scales them (DEQ, else uses the words as fragments) and
+// issues its wgmma on the stage's A tile, one group in flight and all retired at the stage's end. With COPY every
+// stage is copied into the slot STAGES - 1 ahead: SOURCE 0 copies whole stages from an L2-resident `src`
+// (src_stages stages, read round-robin from a per-block start); SOURCE 1 takes the weights and scales from the
+// block's own contiguous region of `far` (far_stages stages per block, too many for L2); SOURCE 2 copies what the
+// kernel copies for the 8192 x 57344 layer at 128 rows, from the same addresses: each block a run of tiles, A rows
+// 16 KB apart from `src`, a stage's weights in four 1 KB (64 x 256: 2 KB) rows 448 KB apart in `far`, its scale
+// row; SOURCE 3 only the kernel's A rows (weights as in 1), SOURCE 4 only its weights (A as in 0). WGS = 1 is the
+// kernel's own shape (Sm90Cfg<R>).
+// Random-looking bits whose fp16 halves are at most 2 in magnitude: the tensor cores' power, and so the clock they
+// run at, depends on the data.
+__device__ __forceinline__ uint32_t random_word(uint32_t i) {
+  uint32_t x = i * 2654435761u;
+  x ^= x >> 15;
+  x *= 2246822519u;
+  x ^= x >> 13;
+  return x & 0xbbffbbffu;
+}
+
+template <int R, int WGS>
+struct Stair {
+  static constexpr int THREADS = 128 * WGS;
+  static constexpr int J = 256 / R;          // wgmma (and packed words per lane) per warp and k16 tile
+  static constexpr int NS = WGS * J;         // 64-column strips of the block tile
+  static constexpr int KT = 4;               // k16 tiles per stage
+  static constexpr int A_STAGE = R * 8;      // int4
+  static constexpr int B_STAGE = KT * NS * 32;
+  static constexpr int S_STAGE = 2 * NS * 8;
+  static constexpr int STAGE = (A_STAGE + B_STAGE + S_STAGE + 63) / 64 * 64;
+  static constexpr int BLOCKS_PER_SM = 2 / WGS;
+  static constexpr int STAGES = (220 * 1024 / BLOCKS_PER_SM) / (STAGE * 16) < 8 ? (220 * 1024 / BLOCKS_PER_SM) / (STAGE * 16) : 8;
+  static constexpr int SMEM = STAGES * STAGE * 16 + 1024;
+  static constexpr double FLOP = 2.0 * R * 64 * NS * 64;  // per stage
+};
+
+template <int R, int WGS, bool LDS, bool DEQ, bool COPY, int SOURCE>
+__global__ void __launch_bounds__(128 * WGS, 2 / WGS)
+    staircase(const int4* src, int src_stages, const int4* far, int far_stages, float* out, int iters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace marlin_cli::detail;
-  using C = StairCfg;
+  using C = Stair<R, WGS>;
+  constexpr int J = C::J;
   extern __shared__ int4 ring_smem[];
   const uint32_t ring = (smem_addr(ring_smem) + 1023) & ~1023u;
   uint32_t* const ring_words = reinterpret_cast<uint32_t*>(ring_smem) + (ring - smem_addr(ring_smem)) / 4;
-  for (int i = threadIdx.x; i < C::STAGES * C::STAGE * 4; i += blockDim.x) {  // fp16 values near 1, nibbles mixed
-    ring_words[i] = 0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu);
-  }
+  for (int i = threadIdx.x; i < C::STAGES * C::STAGE * 4; i += blockDim.x) ring_words[i] = random_word(i);
   __syncthreads();
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const uint32_t b_off = (C::A_STAGE + warp * 32 + lane) * 16;
-  const uint32_t s_off = (C::A_STAGE + C::B_STAGE + warp * 8 + lane / 4) * 16;
-  int next = blockIdx.x * 7 % src_stages;  // the next source stage to copy
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid % 128 / 32, wg = tid / 128;
+  const int strip = wg * J + warp * J / 4, word0 = warp % (4 / J) * J;  // as in the kernel, per warpgroup
+  const uint32_t b_off = (C::A_STAGE + strip * 32 + lane) * 16 + 4 * word0;
+  const uint32_t s_off = (C::A_STAGE + C::B_STAGE + strip * 8 + lane / 4) * 16 + 4 * word0;
+  int next = blockIdx.x * 7 % src_stages, next_far = 0;  // the next source stages to copy
+  const int4* const far_block = far + static_cast<int64_t>(blockIdx.x) * far_stages * C::STAGE;
   auto copy = [&](uint32_t st) {
     const int4* from = src + static_cast<int64_t>(next) * C::STAGE;
+    const int4* from_far = far_block + static_cast<int64_t>(next_far) * C::STAGE;
 #pragma unroll
-    for (int i = 0; i < (C::STAGE + 127) / 128; ++i) {
-      const int e = tid + 128 * i;
-      if (e < C::STAGE) cp_async16(st + e * 16, from + e);
+    for (int i = 0; i < (C::STAGE + C::THREADS - 1) / C::THREADS; ++i) {
+      const int e = tid + C::THREADS * i;
+      if (SOURCE == 3 && e >= C::A_STAGE) {  // the kernel's A rows, the weights of SOURCE 1
+        if (e < C::STAGE) cp_async16(st + e * 16, from_far + e);
+      } else if (SOURCE == 4 && e < C::A_STAGE) {  // the A tile of SOURCE 0, the kernel's weights
+        cp_async16(st + e * 16, from + e);
+      } else if (SOURCE >= 2) {
+        constexpr int kK = 8192, kN = 57344, kTiles = kN / (64 * C::NS) * (kK / 64);
+        const int t = (blockIdx.x * (kTiles / gridDim.x) + next_far) % kTiles, col = t / (kK / 64), kt = t % (kK / 64);
+        const int b = e - C::A_STAGE, sc = b - C::B_STAGE;
+        const int64_t off = e < C::A_STAGE ? (e / 8) * (kK / 8) + kt * 8 + e % 8
+                            : b < C::B_STAGE ? (kt * 4 + b / (C::NS * 32)) * int64_t{kN / 2} + col * C::NS * 32 + b % (C::NS * 32)
+                                             : int64_t{kK / 16} * (kN / 2) + (kt / 2) * (kN / 8) + col * C::NS * 8 + sc % (C::NS * 8);
+        if (sc < C::S_STAGE / 2) cp_async16(st + e * 16, (e < C::A_STAGE ? src : far) + off);
+      } else if (e < C::STAGE) {
+        cp_async16(st + e * 16, (SOURCE == 1 && e >= C::A_STAGE ? from_far : from) + e);
+      }
     }
     next = next + 1 == src_stages ? 0 : next + 1;
+    next_far = next_far + 1 == far_stages ? 0 : next_far + 1;
   };
   constexpr uint32_t kStageBytes = C::STAGE * 16;
   if (COPY) {
@@ -167,7 +218,7 @@ __global__ void __launch_bounds__(128, 2) staircase(const int4* src, int src_sta
       cp_async_commit();
     }
   }
-  float acc[4][32] = {};
+  float acc[J][R / 2] = {};
   const uint32_t w0 = 0x9e3779b9u * (tid + 1);
   uint32_t slot = ring, slot_next = ring + (C::STAGES - 1) * kStageBytes;
   for (int it = 0; it < iters; ++it) {
@@ -181,17 +232,17 @@ __global__ void __launch_bounds__(128, 2) staircase(const int4* src, int src_sta
     const uint64_t desc = a_desc(slot);
 #pragma unroll
     for (int q = 0; q < C::KT; ++q) {
-      uint32_t bw[4], sw[4];
+      uint32_t bw[J], sw[J];
       if (LDS) {
-        const int4 b = lds128(slot + b_off + q * C::NS * 32 * 16), s = lds128(slot + s_off);
-        bw[0] = b.x, bw[1] = b.y, bw[2] = b.z, bw[3] = b.w, sw[0] = s.x, sw[1] = s.y, sw[2] = s.z, sw[3] = s.w;
+        lds_words(slot + b_off + q * C::NS * 32 * 16, bw);
+        lds_words(slot + s_off, sw);
       } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) bw[j] = w0 * (q + 3 + j) + it, sw[j] = 0x3c003c00u;
+        for (int j = 0; j < J; ++j) bw[j] = w0 * (q + 3 + j) + it, sw[j] = 0x3c003c00u;
       }
-      uint32_t a[4][4];
+      uint32_t a[J][4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < J; ++j) {
         if (DEQ) {
           uint32_t f0[2], f1[2];
           dequant_scaled<true>(bw[j], sw[j], f0, f1);
@@ -202,7 +253,7 @@ __global__ void __launch_bounds__(128, 2) staircase(const int4* src, int src_sta
       }
       wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wgmma_m64k16<64>(acc[j], a[j], desc + 2 * q);
+      for (int j = 0; j < J; ++j) wgmma_m64k16<R>(acc[j], a[j], desc + 2 * q);
       wgmma_commit();
       if (q + 1 < C::KT) {
         wgmma_wait<1>();
@@ -215,33 +266,58 @@ __global__ void __launch_bounds__(128, 2) staircase(const int4* src, int src_sta
   }
   if (COPY) cp_async_wait<0>();
   float sum = 0.f;
-  for (int j = 0; j < 4; ++j)
-    for (int e = 0; e < 32; ++e) sum += acc[j][e];
+  for (int j = 0; j < J; ++j)
+    for (int e = 0; e < R / 2; ++e) sum += acc[j][e];
   out[blockIdx.x * blockDim.x + threadIdx.x] = sum;
 #endif
 }
 
-template <bool LDS, bool DEQ, bool COPY>
-void run_stair(const char* name, const int4* src, int src_stages, float* out, int blocks) {
-  auto kernel = staircase<LDS, DEQ, COPY>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, StairCfg::SMEM);
+__global__ void fill_random(uint32_t* p, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    p[i] = random_word(static_cast<uint32_t>(i));
+  }
+}
+
+template <int R, int WGS, bool LDS, bool DEQ, bool COPY, int SOURCE = 0>
+void run_stair(const char* name, const int4* src, const int4* far, size_t far_bytes, float* out, int sms) {
+  using C = Stair<R, WGS>;
+  auto kernel = staircase<R, WGS, LDS, DEQ, COPY, SOURCE>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+  const int src_stages = (4 << 20) / (C::STAGE * 16);  // a 4 MB source: served from L2
+  const int blocks = sms * C::BLOCKS_PER_SM;
+  const int far_stages = static_cast<int>(far_bytes / blocks / (C::STAGE * 16));
   constexpr int kIters = 1000;
-  kernel<<<blocks, 128, StairCfg::SMEM>>>(src, src_stages, out, 10);  // warm-up
+  kernel<<<blocks, C::THREADS, C::SMEM>>>(src, src_stages, far, far_stages, out, 10);  // warm-up
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   cudaEventRecord(start);
-  kernel<<<blocks, 128, StairCfg::SMEM>>>(src, src_stages, out, kIters);
+  kernel<<<blocks, C::THREADS, C::SMEM>>>(src, src_stages, far, far_stages, out, kIters);
   cudaEventRecord(stop);
   cudaEventSynchronize(stop);
   float ms = 0.f;
   cudaEventElapsedTime(&ms, start, stop);
-  const double flop = 2.0 * 64 * 256 * 64 * kIters * blocks;  // a 64 x 256 x 64 stage per iteration
-  const double bytes = COPY ? 16.0 * StairCfg::STAGE * kIters * blocks : 0.0;
-  printf("%-52s %3d blocks  %7.1f TFLOP/s  %5.2f TB/s copied  (%s)\n", name, blocks, flop / ms / 1e9,
-         bytes / ms / 1e9, cudaGetErrorString(cudaGetLastError()));
+  const double bytes = COPY ? 16.0 * C::STAGE * kIters * blocks : 0.0;
+  printf("%3d x %3d, %d WG, %d stages: %-44s %7.1f TFLOP/s  %5.2f TB/s copied  (%s)\n", R, 64 * C::NS, WGS,
+         C::STAGES, name, C::FLOP * kIters * blocks / ms / 1e9, bytes / ms / 1e9, cudaGetErrorString(cudaGetLastError()));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+}
+
+template <int R, int WGS>
+void staircase_of(const int4* src, const int4* far, size_t far_bytes, float* out, int sms) {
+  run_stair<R, WGS, false, false, false>("stage loop, register fragments", src, far, far_bytes, out, sms);
+  run_stair<R, WGS, true, false, false>("+ words and scales from the stage (lds)", src, far, far_bytes, out, sms);
+  run_stair<R, WGS, true, true, false>("+ dequantize and scale", src, far, far_bytes, out, sms);
+  run_stair<R, WGS, false, false, true>("stage loop + copies (L2), register fragments", src, far, far_bytes, out, sms);
+  run_stair<R, WGS, true, true, true>("lds + dequantize + copies (L2)", src, far, far_bytes, out, sms);
+  run_stair<R, WGS, true, true, true, 1>("lds + dequantize + copies (weights from DRAM)", src, far, far_bytes, out,
+                                         sms);
+  if (WGS == 1) {
+    run_stair<R, WGS, true, true, true, 2>("lds + dequantize + the kernel's copies", src, far, far_bytes, out, sms);
+    run_stair<R, WGS, true, true, true, 3>("... only its A rows (weights from DRAM)", src, far, far_bytes, out, sms);
+    run_stair<R, WGS, true, true, true, 4>("... only its weights (A contiguous)", src, far, far_bytes, out, sms);
+  }
 }
 
 }  // namespace
@@ -260,18 +336,17 @@ int main() {
     run<128, 2, 1, true, true>("n128 x2, stage, f16x2 chain per fragment", out, blocks);
     run<64, 2, 1, false, false>("n64 x2 per group, 1 in flight", out, blocks);
   }
-  // the staircase, two blocks per SM; sources of 4 MB (served from L2) and 1 GB (from DRAM)
-  const int l2_stages = (4 << 20) / (StairCfg::STAGE * 16), dram_stages = (1 << 30) / (StairCfg::STAGE * 16);
-  int4* src = nullptr;
-  cudaMalloc(&src, static_cast<size_t>(dram_stages) * StairCfg::STAGE * 16);
-  cudaMemset(src, 0x3c, static_cast<size_t>(dram_stages) * StairCfg::STAGE * 16);
-  const int blocks = 2 * sms;
-  run_stair<false, false, false>("stage loop, register fragments", src, l2_stages, out, blocks);
-  run_stair<true, false, false>("+ words and scales from the stage (lds)", src, l2_stages, out, blocks);
-  run_stair<true, true, false>("+ dequantize and scale", src, l2_stages, out, blocks);
-  run_stair<false, false, true>("stage loop + copies (L2 source), register fragments", src, l2_stages, out, blocks);
-  run_stair<true, true, true>("lds + dequantize + copies (L2 source)", src, l2_stages, out, blocks);
-  run_stair<true, true, true>("lds + dequantize + copies (DRAM source)", src, dram_stages, out, blocks);
+  // the staircase: the kernel's 64 x 256 and 128 x 128 tiles, and 128 x 256 with two warpgroups sharing A
+  int4 *src = nullptr, *far = nullptr;
+  const size_t far_bytes = size_t{2} << 30;
+  cudaMalloc(&src, 4 << 20);
+  fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(src), (4 << 20) / 4);
+  cudaMalloc(&far, far_bytes);
+  fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(far), far_bytes / 4);
+  staircase_of<64, 1>(src, far, far_bytes, out, sms);
+  staircase_of<128, 1>(src, far, far_bytes, out, sms);
+  staircase_of<128, 2>(src, far, far_bytes, out, sms);
+  cudaFree(far);
   cudaFree(src);
   cudaFree(out);
   return 0;
