@@ -138,9 +138,9 @@ void run(const char* name, float* out, int blocks) {
 // stage is copied into the slot STAGES - 1 ahead: SOURCE 0 copies whole stages from an L2-resident `src`
 // (src_stages stages, read round-robin from a per-block start); SOURCE 1 takes the weights and scales from the
 // block's own contiguous region of `far` (far_stages stages per block, too many for L2); SOURCE 2 copies what the
-// kernel copies for the 8192 x 57344 layer at 128 rows, from the same addresses: each block a run of tiles, A rows
-// 16 KB apart from `src`, a stage's weights in four 1 KB (64 x 256: 2 KB) rows 448 KB apart in `far`, its scale
-// row; SOURCE 3 only the kernel's A rows (weights as in 1), SOURCE 4 only its weights (A as in 0). WGS = 1 is the
+// kernel copies for the 8192 x 57344 layer at 128 rows, from the same addresses: each block its own run of tiles
+// (from its start again when it ends), A rows 16 KB apart from `src`, a stage's weights in four 1 KB (64 x 256:
+// 2 KB) rows 448 KB apart in `far`, its scale row; SOURCE 3 only the kernel's A rows (weights as in 1), SOURCE 4 only its weights (A as in 0). WGS = 1 is the
 // kernel's own shape (Sm90Cfg<R>).
 // Random-looking bits whose fp16 halves are at most 2 in magnitude: the tensor cores' power, and so the clock they
 // run at, depends on the data.
@@ -198,7 +198,8 @@ __global__ void __launch_bounds__(128 * WGS, 2 / WGS)
         cp_async16(st + e * 16, from + e);
       } else if (SOURCE >= 2) {
         constexpr int kK = 8192, kN = 57344, kTiles = kN / (64 * C::NS) * (kK / 64);
-        const int t = (blockIdx.x * (kTiles / gridDim.x) + next_far) % kTiles, col = t / (kK / 64), kt = t % (kK / 64);
+        const int run = kTiles / gridDim.x;  // each block its own run of tiles, as in the kernel
+        const int t = blockIdx.x * run + next_far % run, col = t / (kK / 64), kt = t % (kK / 64);
         const int b = e - C::A_STAGE, sc = b - C::B_STAGE;
         const int64_t off = e < C::A_STAGE ? (e / 8) * (kK / 8) + kt * 8 + e % 8
                             : b < C::B_STAGE ? (kt * 4 + b / (C::NS * 32)) * int64_t{kN / 2} + col * C::NS * 32 + b % (C::NS * 32)
