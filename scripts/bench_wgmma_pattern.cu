@@ -134,14 +134,17 @@ void run(const char* name, float* out, int blocks) {
 // A tile, each warpgroup on its own R x (16384 / R) tile (128 accumulators per thread), 2 / WGS blocks per SM: each
 // stage waits for its copies (COPY) and the block barrier, then per k16 tile reads its packed words and scales from
 // the stage (LDS, else register values), dequantizes and scales them (DEQ, else uses the words as fragments) and
-// issues its wgmma on the stage's A tile, one group in flight and all retired at the stage's end. With COPY every
-// stage is copied into the slot STAGES - 1 ahead: SOURCE 0 copies whole stages from an L2-resident `src`
-// (src_stages stages, read round-robin from a per-block start); SOURCE 1 takes the weights and scales from the
-// block's own contiguous region of `far` (far_stages stages per block, too many for L2); SOURCE 2 copies what the
-// kernel copies for the 8192 x 57344 layer at 128 rows, from the same addresses: each block its own run of tiles
-// (from its start again when it ends), A rows 16 KB apart from `src`, a stage's weights in four 1 KB (64 x 256:
-// 2 KB) rows 448 KB apart in `far`, its scale row; SOURCE 3 only the kernel's A rows (weights as in 1), SOURCE 4 only its weights (A as in 0). WGS = 1 is the
-// kernel's own shape (Sm90Cfg<R>).
+// issues its wgmma on the stage's A tile, one group in flight and all retired at the stage's end. WGS = 1 is the
+// kernel's own shape (Sm90Cfg<R>). With COPY every stage is copied into the slot STAGES - 1 ahead, from:
+//   SOURCE 0: whole stages from an L2-resident `src` (src_stages stages, round-robin from a per-block start);
+//   SOURCE 1: A as in 0, the weights and scales from the block's own contiguous region of `far` (far_stages stages
+//             per block, too many for L2);
+//   SOURCE 2: the kernel's addresses for the 8192 x 57344 layer at 128 rows: each block its own run of tiles (from
+//             its start again when it ends), A rows 16 KB apart in `src`, a stage's weights in four 1 KB (64 x 256:
+//             2 KB) rows 448 KB apart in `far`, its scale row;
+//   SOURCE 3: the kernel's A rows, the weights as in 1;  SOURCE 4: A as in 0, the kernel's weights;
+//   SOURCE 5: the kernel's A rows and runs of tiles, each tile's weights and scale row stored contiguously, tile
+//             after tile down each column strip (a repacked order: every block's run one stream).
 // Random-looking bits whose fp16 halves are at most 2 in magnitude: the tensor cores' power, and so the clock they
 // run at, depends on the data.
 __device__ __forceinline__ uint32_t random_word(uint32_t i) {
@@ -163,7 +166,8 @@ struct Stair {
   static constexpr int S_STAGE = 2 * NS * 8;
   static constexpr int STAGE = (A_STAGE + B_STAGE + S_STAGE + 63) / 64 * 64;
   static constexpr int BLOCKS_PER_SM = 2 / WGS;
-  static constexpr int STAGES = (220 * 1024 / BLOCKS_PER_SM) / (STAGE * 16) < 8 ? (220 * 1024 / BLOCKS_PER_SM) / (STAGE * 16) : 8;
+  static constexpr int FIT = 220 * 1024 / BLOCKS_PER_SM / (STAGE * 16);  // stages that fit the shared memory
+  static constexpr int STAGES = FIT < 8 ? FIT : 8;
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;
   static constexpr double FLOP = 2.0 * R * 64 * NS * 64;  // per stage
 };
@@ -201,9 +205,12 @@ __global__ void __launch_bounds__(128 * WGS, 2 / WGS)
         const int run = kTiles / gridDim.x;  // each block its own run of tiles, as in the kernel
         const int t = blockIdx.x * run + next_far % run, col = t / (kK / 64), kt = t % (kK / 64);
         const int b = e - C::A_STAGE, sc = b - C::B_STAGE;
+        constexpr int kTile = C::B_STAGE + C::S_STAGE / 2;  // SOURCE 5: a tile's weights and scale row
+        const int64_t row = b / (C::NS * 32), in_row = b % (C::NS * 32);
         const int64_t off = e < C::A_STAGE ? (e / 8) * (kK / 8) + kt * 8 + e % 8
-                            : b < C::B_STAGE ? (kt * 4 + b / (C::NS * 32)) * int64_t{kN / 2} + col * C::NS * 32 + b % (C::NS * 32)
-                                             : int64_t{kK / 16} * (kN / 2) + (kt / 2) * (kN / 8) + col * C::NS * 8 + sc % (C::NS * 8);
+                            : SOURCE == 5  ? int64_t{t} * kTile + b
+                            : b < C::B_STAGE ? (kt * 4 + row) * (kN / 2) + col * C::NS * 32 + in_row
+                                             : int64_t{kK / 16} * (kN / 2) + (kt / 2) * (kN / 8) + col * C::NS * 8 + sc;
         if (sc < C::S_STAGE / 2) cp_async16(st + e * 16, (e < C::A_STAGE ? src : far) + off);
       } else if (e < C::STAGE) {
         cp_async16(st + e * 16, (SOURCE == 1 && e >= C::A_STAGE ? from_far : from) + e);
@@ -299,8 +306,9 @@ void run_stair(const char* name, const int4* src, const int4* far, size_t far_by
   float ms = 0.f;
   cudaEventElapsedTime(&ms, start, stop);
   const double bytes = COPY ? 16.0 * C::STAGE * kIters * blocks : 0.0;
-  printf("%3d x %3d, %d WG, %d stages: %-44s %7.1f TFLOP/s  %5.2f TB/s copied  (%s)\n", R, 64 * C::NS, WGS,
-         C::STAGES, name, C::FLOP * kIters * blocks / ms / 1e9, bytes / ms / 1e9, cudaGetErrorString(cudaGetLastError()));
+  printf("%3d x %3d, %d WG, %d stages: %-46s %7.1f TFLOP/s  %5.2f TB/s copied  (%s)\n", R, 64 * C::NS, WGS,
+         C::STAGES, name, C::FLOP * kIters * blocks / ms / 1e9, bytes / ms / 1e9,
+         cudaGetErrorString(cudaGetLastError()));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
 }
@@ -318,6 +326,8 @@ void staircase_of(const int4* src, const int4* far, size_t far_bytes, float* out
     run_stair<R, WGS, true, true, true, 2>("lds + dequantize + the kernel's copies", src, far, far_bytes, out, sms);
     run_stair<R, WGS, true, true, true, 3>("... only its A rows (weights from DRAM)", src, far, far_bytes, out, sms);
     run_stair<R, WGS, true, true, true, 4>("... only its weights (A contiguous)", src, far, far_bytes, out, sms);
+    run_stair<R, WGS, true, true, true, 5>("... its A, its tiles stored one after another", src, far, far_bytes, out,
+                                           sms);
   }
 }
 
