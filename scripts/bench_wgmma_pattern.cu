@@ -144,7 +144,8 @@ void run(const char* name, float* out, int blocks) {
 //             2 KB) rows 448 KB apart in `far`, its scale row;
 //   SOURCE 3: the kernel's A rows, the weights as in 1;  SOURCE 4: A as in 0, the kernel's weights;
 //   SOURCE 5: the kernel's A rows and runs of tiles, each tile's weights and scale row stored contiguously, tile
-//             after tile down each column strip (a repacked order: every block's run one stream).
+//             after tile down each column strip (a repacked order: every block's run one stream);
+//   SOURCE 6: the kernel's own StageLoader on the layer of SOURCE 2.
 // Random-looking bits whose fp16 halves are at most 2 in magnitude: the tensor cores' power, and so the clock they
 // run at, depends on the data.
 __device__ __forceinline__ uint32_t random_word(uint32_t i) {
@@ -190,7 +191,31 @@ __global__ void __launch_bounds__(128 * WGS, 2 / WGS)
   const uint32_t s_off = (C::A_STAGE + C::B_STAGE + strip * 8 + lane / 4) * 16 + 4 * word0;
   int next = blockIdx.x * 7 % src_stages, next_far = 0;  // the next source stages to copy
   const int4* const far_block = far + static_cast<int64_t>(blockIdx.x) * far_stages * C::STAGE;
+  // SOURCE 6: the kernel's StageLoader on the same layer and runs (restarted at the run's start when it ends)
+  constexpr int kK6 = 8192, kN6 = 57344;
+  const int run6 = kN6 / (64 * C::NS) * (kK6 / 64) / gridDim.x;
+  Params p6{};
+  p6.b = far;
+  p6.s = far + int64_t{kK6 / 16} * (kN6 / 2);
+  p6.n = kN6;
+  p6.k = kK6;
+  p6.m = R;
+  p6.lg_group = 3;  // group size 128
+  auto new_loader = [&] {
+    if constexpr (SOURCE == 6) {
+      return StageLoader<Sm90Cfg<R>, true>(p6, src, R, blockIdx.x * run6, kK6 / 64);
+    } else {
+      return 0;
+    }
+  };
+  auto loader = new_loader();
+  int loaded = 0;
   auto copy = [&](uint32_t st) {
+    if constexpr (SOURCE == 6) {
+      loader.load(st);
+      if (++loaded == run6) loader = new_loader(), loaded = 0;
+      return;
+    }
     const int4* from = src + static_cast<int64_t>(next) * C::STAGE;
     const int4* from_far = far_block + static_cast<int64_t>(next_far) * C::STAGE;
 #pragma unroll
@@ -327,6 +352,8 @@ void staircase_of(const int4* src, const int4* far, size_t far_bytes, float* out
     run_stair<R, WGS, true, true, true, 3>("... only its A rows (weights from DRAM)", src, far, far_bytes, out, sms);
     run_stair<R, WGS, true, true, true, 4>("... only its weights (A contiguous)", src, far, far_bytes, out, sms);
     run_stair<R, WGS, true, true, true, 5>("... its A, its tiles stored one after another", src, far, far_bytes, out,
+                                           sms);
+    run_stair<R, WGS, true, true, true, 6>("lds + dequantize + the kernel's StageLoader", src, far, far_bytes, out,
                                            sms);
   }
 }
