@@ -347,7 +347,7 @@ void staircase_of(const int4* src, const int4* far, size_t far_bytes, float* out
   run_stair<R, WGS, true, true, true>("lds + dequantize + copies (L2)", src, far, far_bytes, out, sms);
   run_stair<R, WGS, true, true, true, 1>("lds + dequantize + copies (weights from DRAM)", src, far, far_bytes, out,
                                          sms);
-  if (WGS == 1) {
+  if constexpr (WGS == 1) {
     run_stair<R, WGS, true, true, true, 2>("lds + dequantize + the kernel's copies", src, far, far_bytes, out, sms);
     run_stair<R, WGS, true, true, true, 3>("... only its A rows (weights from DRAM)", src, far, far_bytes, out, sms);
     run_stair<R, WGS, true, true, true, 4>("... only its weights (A contiguous)", src, far, far_bytes, out, sms);
