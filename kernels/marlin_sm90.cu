@@ -15,7 +15,7 @@
 // accumulators map back to columns when C is written.
 //
 // Everything else is the sm_80 kernel's: the striped partition, the StageLoader, the split-k protocol
-// (finish_strip; partials are saved straight from the registers), chunks of 64 rows side by side for larger m.
+// (finish_strip; partials are saved straight from the registers), chunks side by side for larger m.
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMARLIN_SM90A -c kernels/marlin_sm90.cu
 // (for other targets the kernel body is empty and the host never launches it).
 #include "wgmma.cuh"
