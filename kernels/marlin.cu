@@ -94,7 +94,7 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
 
   // m > 32 on an sm_90a build and a Hopper GPU: the wgmma kernel (64 x 256 tiles, 128 x 128 for m > 64);
   // otherwise the sm_80 kernel with the tile choose() picks.
-  const int sm90_r = sm90_rows(g.m), sm90_w = 64 * 256 / sm90_r;
+  const int sm90_r = sm90_rows(g.m), sm90_w = sm90_cols(sm90_r);
   const bool sm90 = g.m > 32 && g.n % sm90_w == 0 && has_wgmma(g.device);
   Choice choice{};
   if (!sm90 && !choose(g.m, g.n, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;

@@ -898,6 +898,9 @@ MARLIN_DECLARE_LAUNCHER(2)
 MARLIN_DECLARE_LAUNCHER(3)
 MARLIN_DECLARE_LAUNCHER(4)
 
+// Columns of the wgmma kernel's tile for R-row chunks: 128 fp32 accumulators per thread in either shape.
+constexpr int sm90_cols(int rows) { return 64 * 256 / rows; }
+
 // The wgmma kernel for m > 32 on sm_90a (marlin_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n) by
 // W-column tiles, 64-deep stages. Both shapes hold 128 fp32 accumulators per thread; 128-row chunks (m > 64) use
 // each dequantized weight for twice the rows, so they dequantize half as often per product (perf-log w4).
@@ -905,7 +908,7 @@ template <int R_>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
   static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
-  static constexpr int W = 64 * 256 / R;
+  static constexpr int W = sm90_cols(R);
   static constexpr int NS = W / 64;    // 64-column strips; also the wgmma (packed words) per warp and k16 tile
   static constexpr int KT = 4;         // k16 tiles per stage: one 128-byte row of A per row
   static constexpr int A_CHUNKS = 2 * KT;
