@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm24_sm90_kernel(const 
   // output columns: 128 strip + 16g + 2 half + jj + 4p + 8h of the block's 256 for tile u = 2jj + p; per-channel
   // scales in column order
   wgmma_run<C, GROUPED>(
-      p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, compute_stage,
+      p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, fence_proxy_async, compute_stage,
       [&](int col) { return col * C::W + strip * 128 + 16 * g + 2 * half; },
       [](int u, int h) { return u / 2 + 4 * (u % 2) + 8 * h; }, [](int x) { return x; });
 #endif

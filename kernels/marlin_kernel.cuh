@@ -302,7 +302,7 @@ inline int group_lg(int k, int groups, int unit) {
 // per-thread parts are computed once; the bases of the next stage to load live in registers and advance by
 // additions, so a stage's copies cost no index arithmetic beyond one add per pointer. Shared-memory destinations
 // are byte offsets from the slot's address.
-template <class C, bool GROUPED>
+template <class C, bool GROUPED, bool COPY_A = true>
 struct StageLoader {
   static constexpr int B_PASS = C::THREADS / (C::NS * 32);
   static constexpr int A_PER = (C::A_STAGE + C::THREADS - 1) / C::THREADS;
@@ -320,6 +320,7 @@ struct StageLoader {
   // different 16-byte bank groups (and a 64-deep stage is exactly the 128-byte swizzle of a wgmma operand). Rows
   // past m are zero-filled (no global read).
   // Pass i copies row r0 + i * A_ROWS (chunk j stays, so does r % 8: the destinations are a_dst + i * THREADS * 16).
+  // Without COPY_A the kernel brings the A tile itself (the wgmma kernel: one tensor copy per stage).
   static constexpr int A_ROWS = C::THREADS / C::A_CHUNKS;
   static_assert(C::THREADS % C::A_CHUNKS == 0 && A_ROWS % 8 == 0, "every pass keeps a thread's chunk and swizzle");
   int a_src, a_pass, a_rows;  // source offset of pass 0, added per pass; rows left from r0 (pass i is real below)
@@ -370,7 +371,7 @@ struct StageLoader {
       cp_async16(st + b_dst + i * C::THREADS * 16, ld_b + i * b_pass);
     }
 #pragma unroll
-    for (int i = 0; i < A_PER; ++i) {
+    for (int i = 0; i < (COPY_A ? A_PER : 0); ++i) {
       if (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE) {
         const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
         cp_async16_zfill(st + a_dst + i * C::THREADS * 16, a_g + (ld_a + (real ? a_src + i * a_pass : 0)),
@@ -787,11 +788,11 @@ inline int compute_capability(int device) {  // 10 * major + minor
          device_attribute<cudaDevAttrComputeCapabilityMinor>(device);
 }
 
-// kernel<<<grid, threads, smem, stream>>>(p), with programmatic dependent launch from compute capability 9.0 (the
-// kernels' pipeline() waits for the previous kernel before touching anything it may have written).
-template <class P>
-cudaError_t launch_kernel(void (*kernel)(P), int grid, int threads, int smem, int device, cudaStream_t stream,
-                          const P& p) {
+// kernel<<<grid, threads, smem, stream>>>(args...), with programmatic dependent launch from compute capability 9.0
+// (the kernels' pipeline() waits for the previous kernel before touching anything it may have written).
+template <class... P>
+cudaError_t launch_kernel(void (*kernel)(P...), int grid, int threads, int smem, int device, cudaStream_t stream,
+                          const P&... args) {
   cudaLaunchAttribute pdl[1];
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
@@ -802,19 +803,19 @@ cudaError_t launch_kernel(void (*kernel)(P), int grid, int threads, int smem, in
   cfg.stream = stream;
   cfg.attrs = pdl;
   cfg.numAttrs = compute_capability(device) >= 90 ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 // launch_kernel after raising the kernel's dynamic shared-memory limit to smem, once per kernel and device (`ready`).
-template <class P>
-cudaError_t launch_opt_in(void (*kernel)(P), bool& ready, int grid, int threads, int smem, int device,
-                          cudaStream_t stream, const P& p) {
+template <class... P>
+cudaError_t launch_opt_in(void (*kernel)(P...), bool& ready, int grid, int threads, int smem, int device,
+                          cudaStream_t stream, const P&... args) {
   if (!ready) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
     ready = true;
   }
-  return launch_kernel(kernel, grid, threads, smem, device, stream, p);
+  return launch_kernel(kernel, grid, threads, smem, device, stream, args...);
 }
 
 // The checks both products make before any launch (k % 128, n % n_multiple, the device, the workspace); sets
@@ -911,6 +912,7 @@ struct Sm90Cfg {
   static constexpr int W = sm90_cols(R);
   static constexpr int NS = W / 64;    // 64-column strips; also the wgmma (packed words) per warp and k16 tile
   static constexpr int KT = 4;         // k16 tiles per stage: one 128-byte row of A per row
+  static constexpr bool A_TMA = R == 128;  // the A tile by one tensor copy instead of cp.async (marlin_sm90.cu)
   static constexpr int A_CHUNKS = 2 * KT;
   static constexpr int A_STAGE = R * A_CHUNKS;
   static constexpr int B_STAGE = KT * NS * 32;

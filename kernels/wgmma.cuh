@@ -24,6 +24,35 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// An mbarrier that completes when `bytes` have landed through the bulk copies charged to it (one arrival).
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Returns once the barrier's phase `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "wait:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// The box of the 2-d tensor map at (x, y) (x: innermost) into shared memory at dst, charged to bar. Out-of-bounds
+// elements land as zeros (and count as copied).
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(dst),
+      "l"(map), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
 // cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -238,13 +267,14 @@ __device__ __forceinline__ void copy_staged(const __half* stage, __half* c, int 
 }
 
 // The main loop and end of both wgmma kernels for config C: the ring loop over the run's tiles (load(st) copies a
-// stage, compute(st) consumes it once it is visible to wgmma), the split-k finish of each column strip the run ends
+// stage, ready() makes this thread's view of it visible to wgmma, compute(st) consumes it), the split-k finish of each column strip the run ends
 // (finish_registers) and, after the loop, the strips it completes (add_deferred), staged in the idle ring. The
 // accumulators go to C with the kernel's column map: this thread's columns of strip col are x0_of(col) +
 // col_of(j, h) (tile j, accumulator half h), and with one group their scale is p.s[scale_index(column)].
-template <class C, bool GROUPED, int J, class Load, class Compute, class X0, class ColOf, class ScaleIndex>
+template <class C, bool GROUPED, int J, class Load, class Ready, class Compute, class X0, class ColOf,
+          class ScaleIndex>
 __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4* smem, float (&acc)[J][C::ACC],
-                                          Load&& load, Compute&& compute, X0&& x0_of, ColOf&& col_of,
+                                          Load&& load, Ready&& ready, Compute&& compute, X0&& x0_of, ColOf&& col_of,
                                           ScaleIndex&& scale_index) {
   __shared__ int s_last;
   __shared__ Deferred s_deferred[2];
@@ -267,7 +297,7 @@ __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4*
     finish_registers<C::THREADS>(p, run, s_last, s_deferred, n_deferred, col, seg_begin, seg_end, acc,
                                  [&](int c, int tile) { store_c(c, tile, false); });
   };
-  pipeline<C::STAGES, C::STAGE * 16>(run, ring, p.early_dependents, load, fence_proxy_async, compute, finish);
+  pipeline<C::STAGES, C::STAGE * 16>(run, ring, p.early_dependents, load, ready, compute, finish);
   wgmma_wait<0>();
   add_deferred<C::THREADS>(
       p, run, s_deferred, n_deferred, acc, [&](int col, int j) { store_c(col, j, true); },

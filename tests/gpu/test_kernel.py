@@ -83,7 +83,7 @@ def test_all_shapes(m: int, k: int, n: int) -> None:
 
 @pytest.mark.parametrize("k,n", [(1024, 768), (1536, 192), (8192, 1024)], ids=str)
 @pytest.mark.parametrize("group", [-1, 32, 64, 128])
-@pytest.mark.parametrize("m", [1, 17, 48, 100])
+@pytest.mark.parametrize("m", [1, 12, 17, 48, 100])
 def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
     _check(m, k, n, group, seed=m * 7 + group)
 
