@@ -94,6 +94,32 @@ def test_large_m() -> None:
     _check(16 * 32 * 2 + 13, 1024, 512, 128)
 
 
+def _kernels_launched(m: int, n: int) -> str:
+    a, b24, meta, s = random_operands24(m, 256, n, 128)
+    ops.gemm24(a, b24, meta, s)  # built and warm
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
+        ops.gemm24(a, b24, meta, s)
+        torch.cuda.synchronize()
+    return " ".join(e.name for e in prof.events())
+
+
+def test_hopper_runs_the_wgmma_sp_kernel_above_32_rows() -> None:
+    """On compute capability 9.0, m > 32 runs on the wgmma.sp kernel (64-row chunks, 256-column tiles: n % 256 ==
+    0); other shapes on the mma.sp kernel."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
+    small, large, narrow, tall = (
+        _kernels_launched(32, 512),
+        _kernels_launched(64, 512),
+        _kernels_launched(64, 384),
+        _kernels_launched(200, 512),
+    )
+    assert "gemm24_kernel<" in small and "gemm24_sm90_kernel" not in small
+    assert "gemm24_sm90_kernel" in large and "gemm24_sm90_kernel" in tall
+    assert "gemm24_kernel<" in narrow and "gemm24_sm90_kernel" not in narrow  # n not a multiple of 256
+
+
 @pytest.mark.parametrize("m,k,n", [(1, 11008, 4096), (16, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)])
 def test_repeatable(m: int, k: int, n: int) -> None:
     """Partial sums are added in a fixed order, so repeated launches give bit-identical outputs."""
