@@ -104,10 +104,10 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
 
   Params p;
   return run_chunk_groups(p, g, a, lg_group, rows, n_cols, [&](int par) {
-    p.blocks_per_chunk = sm90 ? sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (16 * Sm90Cfg<64>::KT))
-                              : g.sms * blocks_per_sm / par;
-    const int grid = par * p.blocks_per_chunk;
-    p.early_dependents = grid >= g.sms * blocks_per_sm;
+    const int grid = size_grid(p, par,
+                               sm90 ? sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (16 * Sm90Cfg<64>::KT))
+                                    : g.sms * blocks_per_sm / par,
+                               g.sms * blocks_per_sm);
     return sm90 ? launch_sm90(sm90_r, grouped, p, grid, g.device, stream)
                 : launch_choice(choice, grouped, p, grid, g.device, stream);
   });

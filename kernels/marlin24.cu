@@ -32,10 +32,8 @@ cudaError_t launch(Params p, int par, int sms, int device, cudaStream_t stream) 
   const int64_t tiles = static_cast<int64_t>(p.n / C::W) * (p.k / (32 * C::KT));
   if (blocks * kMinTiles > tiles * par) blocks = (tiles * par + kMinTiles - 1) / kMinTiles;
   if (blocks < par) blocks = par;
-  p.blocks_per_chunk = static_cast<int>(blocks / par);
-  if (p.blocks_per_chunk < 1) return cudaErrorInvalidConfiguration;
-  p.early_dependents = par * p.blocks_per_chunk >= sms * occupancy[device];
-  return detail::launch_kernel(kernel, par * p.blocks_per_chunk, C::THREADS, C::SMEM, device, stream, p);
+  const int grid = detail::size_grid(p, par, static_cast<int>(blocks / par), sms * occupancy[device]);
+  return detail::launch_kernel(kernel, grid, C::THREADS, C::SMEM, device, stream, p);
 }
 
 struct Choice {
@@ -103,9 +101,8 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   if (g.m > 32 && g.n % Sm90Cfg::W == 0 && detail::has_wgmma(g.device)) {
     const int n_cols = g.n / Sm90Cfg::W;
     return detail::run_chunk_groups(p, g, g.a, lg_group, Sm90Cfg::R, n_cols, [&](int par) {
-      p.blocks_per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (32 * Sm90Cfg::KT));
-      const int grid = par * p.blocks_per_chunk;
-      p.early_dependents = grid >= g.sms * kMaxBlocksPerSm;
+      const int grid = detail::size_grid(
+          p, par, detail::sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (32 * Sm90Cfg::KT)), g.sms * kMaxBlocksPerSm);
       return launch_sm90(grouped, p, grid, g.device, stream);
     });
   }

@@ -946,6 +946,16 @@ inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles) {
   return capped < all ? capped : all;
 }
 
+// Sets a launch's blocks per chunk (`per_chunk`, for `par` chunks) and lets the next kernel start at once when the
+// grid takes every one of the device's `slots` block slots (pipeline()); returns the grid. Every launcher's last step.
+template <class P>
+int size_grid(P& p, int par, int per_chunk, int slots) {
+  p.blocks_per_chunk = per_chunk;
+  const int grid = par * per_chunk;
+  p.early_dependents = grid >= slots;
+  return grid;
+}
+
 // Only the configurations of one file's chunk heights are instantiated there (if constexpr inside a template).
 template <int MB>
 cudaError_t launch_mb(const Choice& c, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {

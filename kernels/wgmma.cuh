@@ -47,8 +47,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // elements land as zeros (and count as copied).
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x, int y, uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-          "r"(dst),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(map), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
@@ -172,7 +172,8 @@ __device__ __forceinline__ void finish_registers(const Params& p, const Run& run
 // After the run: the strips finish_registers deferred, each part added in block order (as finish_strip requires)
 // one wgmma tile at a time, with 128 floats per thread of parts' loads issued at once (they are L2 round trips:
 // summing inside the loop with 8 loads in flight made the last block's sums as long as the rest of the run on short
-// layers), each tile staged by store_c(col, j) in the now idle ring and the strip written out by copy_c(col) (perf-log).
+// layers), each tile staged by store_c(col, j) in the now idle ring and the strip written out by copy_c(col)
+// (perf-log).
 template <int THREADS, int J, int ACC, class StoreC, class CopyC>
 __device__ __forceinline__ void add_deferred(const Params& p, const Run& run, const Deferred* deferred, int n_deferred,
                                              float (&acc)[J][ACC], StoreC&& store_c, CopyC&& copy_c) {
@@ -267,10 +268,11 @@ __device__ __forceinline__ void copy_staged(const __half* stage, __half* c, int 
 }
 
 // The main loop and end of both wgmma kernels for config C: the ring loop over the run's tiles (load(st) copies a
-// stage, ready() makes this thread's view of it visible to wgmma, compute(st) consumes it), the split-k finish of each column strip the run ends
-// (finish_registers) and, after the loop, the strips it completes (add_deferred), staged in the idle ring. The
-// accumulators go to C with the kernel's column map: this thread's columns of strip col are x0_of(col) +
-// col_of(j, h) (tile j, accumulator half h), and with one group their scale is p.s[scale_index(column)].
+// stage, ready() makes this thread's view of it visible to wgmma, compute(st) consumes it), the split-k finish of
+// each column strip the run ends (finish_registers) and, after the loop, the strips it completes (add_deferred),
+// staged in the idle ring. The accumulators go to C with the kernel's column map: this thread's columns of strip
+// col are x0_of(col) + col_of(j, h) (tile j, accumulator half h), and with one group their scale is
+// p.s[scale_index(column)].
 template <class C, bool GROUPED, int J, class Load, class Ready, class Compute, class X0, class ColOf,
           class ScaleIndex>
 __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4* smem, float (&acc)[J][C::ACC],
