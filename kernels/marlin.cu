@@ -92,15 +92,15 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
     a = g.a_perm;
   }
 
-  // m > 32 on an sm_90a build and a Hopper GPU: the wgmma kernel (64 x 256 tiles, 128 x 128 for m > 64);
-  // otherwise the sm_80 kernel with the tile choose() picks.
-  const int sm90_r = sm90_rows(g.m), sm90_w = sm90_cols(sm90_r);
-  const bool sm90 = g.m > 32 && g.n % sm90_w == 0 && has_wgmma(g.device);
+  // m > 32 on an sm_90a build and a Hopper GPU: the wgmma kernel with the tile sm90_tile() picks; otherwise the
+  // sm_80 kernel with the tile choose() picks.
+  const Sm90Tile tile = sm90_tile(g.m, g.n, g.sms * kMaxBlocksPerSm);
+  const bool sm90 = g.m > 32 && tile.cols > 0 && has_wgmma(g.device);
   Choice choice{};
   if (!sm90 && !choose(g.m, g.n, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
-  const int rows = sm90 ? sm90_r : choice.rows;
+  const int rows = sm90 ? tile.rows : choice.rows;
   const int blocks_per_sm = sm90 || choice.rows <= 32 ? kMaxBlocksPerSm : 1;
-  const int n_cols = g.n / (sm90 ? sm90_w : 64 * choice.ns);
+  const int n_cols = g.n / (sm90 ? tile.cols : 64 * choice.ns);
 
   Params p;
   return run_chunk_groups(p, g, a, lg_group, rows, n_cols, [&](int par) {
@@ -108,7 +108,7 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
                                sm90 ? sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (16 * Sm90Cfg<64>::KT))
                                     : g.sms * blocks_per_sm / par,
                                g.sms * blocks_per_sm);
-    return sm90 ? launch_sm90(sm90_r, grouped, p, grid, g.device, stream)
+    return sm90 ? launch_sm90(tile, grouped, p, grid, g.device, stream)
                 : launch_choice(choice, grouped, p, grid, g.device, stream);
   });
 }

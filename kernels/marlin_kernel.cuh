@@ -899,17 +899,18 @@ MARLIN_DECLARE_LAUNCHER(2)
 MARLIN_DECLARE_LAUNCHER(3)
 MARLIN_DECLARE_LAUNCHER(4)
 
-// Columns of the wgmma kernel's tile for R-row chunks: 128 fp32 accumulators per thread in either shape.
+// Columns of the wgmma kernel's widest tile for R-row chunks: 128 fp32 accumulators per thread.
 constexpr int sm90_cols(int rows) { return 64 * 256 / rows; }
 
 // The wgmma kernel for m > 32 on sm_90a (marlin_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n) by
-// W-column tiles, 64-deep stages. Both shapes hold 128 fp32 accumulators per thread; 128-row chunks (m > 64) use
-// each dequantized weight for twice the rows, so they dequantize half as often per product (perf-log w4).
-template <int R_>
+// W-column tiles, 64-deep stages. 64 x 256 and 128 x 128 hold 128 fp32 accumulators per thread; 128-row chunks
+// (m > 64) use each dequantized weight for twice the rows, so they dequantize half as often per product (perf-log
+// w4). 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column tiles to fill the GPU (sm90_tile).
+template <int R_, int W_ = sm90_cols(R_)>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
   static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
-  static constexpr int W = sm90_cols(R);
+  static constexpr int W = W_;
   static constexpr int NS = W / 64;    // 64-column strips; also the wgmma (packed words) per warp and k16 tile
   static constexpr int KT = 4;         // k16 tiles per stage: one 128-byte row of A per row
   static constexpr bool A_TMA = R == 128;  // the A tile by one tensor copy instead of cp.async (marlin_sm90.cu)
@@ -919,19 +920,33 @@ struct Sm90Cfg {
   static constexpr int S_ROWS = KT / 2;
   static constexpr int S_STAGE = S_ROWS * NS * 8;
   static constexpr int STAGE = (A_STAGE + B_STAGE + S_STAGE + 63) / 64 * 64;  // whole 1024-byte swizzle atoms
-  static constexpr int STAGES = R == 64 ? 6 : 5;  // as many as two blocks per SM hold
+  static constexpr int STAGES = R == 128 ? 5 : W == 256 ? 6 : 8;  // as many as two blocks per SM hold
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
   static_assert(R == 64 || R == 128, "wgmma's n: 64 or 128");
+  static_assert(NS == 2 || NS == 4, "each warp takes half a strip's words or a whole strip");
   static_assert(A_CHUNKS == 8, "the A tile must be the 128-byte swizzle: 64 fp16 per row");
-  static_assert(NS * ACC == 128, "128 accumulators per thread");
+  static_assert(NS * ACC <= 128, "at most 128 accumulators per thread");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
-// Shared memory a block of either shape needs (has_wgmma).
+// Shared memory a block of any shape needs (has_wgmma).
 constexpr int kSm90Smem = Sm90Cfg<64>::SMEM > Sm90Cfg<128>::SMEM ? Sm90Cfg<64>::SMEM : Sm90Cfg<128>::SMEM;
-// Rows of the wgmma kernel's chunks for m rows (m > 32).
-inline int sm90_rows(int m) { return m > 64 ? 128 : 64; }
-cudaError_t launch_sm90(int rows, bool grouped, const Params& p, int grid, int device, cudaStream_t stream);
+static_assert(Sm90Cfg<64, 128>::SMEM <= kSm90Smem, "64 x 128 tiles fit wherever the others do");
+
+// The wgmma kernel's tile for m > 32 rows and n columns: 128-row chunks by 128 columns for m > 64; else 64-row
+// chunks by 256 columns, or by 128 where 256-column strips in at most 8 parts each (sm90_blocks_per_chunk) would
+// leave more than a quarter of the device's `slots` block slots empty (7B layers with n = 4096 fill half of them).
+// cols = 0: no wgmma tile fits n.
+struct Sm90Tile {
+  int rows, cols;
+};
+inline Sm90Tile sm90_tile(int m, int n, int slots) {
+  if (m > 64) return {128, n % 128 == 0 ? 128 : 0};
+  if (n % 256 == 0 && 4 * (n / 256 * 8) >= 3 * slots) return {64, 256};
+  return {64, n % 128 == 0 ? 128 : 0};
+}
+cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,
+                        cudaStream_t stream);
 // Whether the wgmma kernels can run: built for sm_90a (MARLIN_SM90A) and the device is compute capability 9.0.
 bool has_wgmma(int device);
 

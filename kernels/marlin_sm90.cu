@@ -9,10 +9,11 @@
 // strip's n8 sub-tiles 2j and 2j + 1 (DESIGN.md 3.1), which are exactly the rows g and g + 8 of an m16k16 register
 // fragment. With 64-row chunks (64 x 256 tiles) warp w of the warpgroup reads its own 16 bytes of strip w (as in the
 // sm_80 kernel) and feeds word j to the j-th wgmma, whose 64 rows are therefore columns {strip w, sub-tiles 2j,
-// 2j + 1} for w = 0..3: four m64n64k16 per k16 tile cover the block's 256 columns. With 128-row chunks (128 x 128
-// tiles, m > 64) warps 2s and 2s + 1 share strip s, each taking 8 of its lane's 16 bytes (words 2(w % 2) + j), and
-// two m64n128k16 cover the 128 columns: the same accumulators, half the dequantization per product. In both the
-// accumulators map back to columns when C is written.
+// 2j + 1} for w = 0..3: four m64n64k16 per k16 tile cover the block's 256 columns. With 128-column tiles warps 2s
+// and 2s + 1 share strip s, each taking 8 of its lane's 16 bytes (words 2(w % 2) + j), and two wgmma per k16 tile
+// cover the 128 columns: with 128-row chunks (128 x 128 tiles, m > 64) two m64n128k16, the same accumulators and
+// half the dequantization per product; with 64-row chunks on layers too narrow for 256-column tiles to fill the
+// GPU (64 x 128 tiles) two m64n64k16. In all the accumulators map back to columns when C is written.
 //
 // With 128-row chunks a stage's A tile (128 rows x 64 k, 16 KB) comes by one tensor copy (TMA) that thread 0
 // issues, landing in the 128-byte swizzle wgmma reads and counted on the ring slot's mbarrier; rows past m arrive
@@ -189,9 +190,11 @@ cudaError_t launch_rows(bool grouped, const Params& p, int grid, int device, cud
                        C::THREADS, C::SMEM, device, stream, p, map);
 }
 
-cudaError_t launch_sm90(int rows, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  return rows == 64 ? launch_rows<Sm90Cfg<64>>(grouped, p, grid, device, stream)
-                    : launch_rows<Sm90Cfg<128>>(grouped, p, grid, device, stream);
+cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,
+                        cudaStream_t stream) {
+  if (tile.rows == 128) return launch_rows<Sm90Cfg<128>>(grouped, p, grid, device, stream);
+  return tile.cols == 256 ? launch_rows<Sm90Cfg<64>>(grouped, p, grid, device, stream)
+                          : launch_rows<Sm90Cfg<64, 128>>(grouped, p, grid, device, stream);
 }
 
 }  // namespace detail

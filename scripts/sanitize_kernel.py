@@ -30,8 +30,9 @@ CASES = [  # m, k, n, group, act_order
     (12, 2048, 256, 64, False),  # 16-row chunks, 128-column strips (k-warp slices on Hopper), split k
     (17, 512, 192, -1, True),
     (33, 1024, 512, 32, False),
-    (64, 256, 1024, 64, False),
-    (64, 2048, 256, 128, False),  # wgmma kernel, 64 x 256 tiles: one strip in 8 parts
+    (64, 256, 1024, 64, False),  # wgmma kernel, 64 x 128 tiles (too few 256-column strips to fill the GPU)
+    (64, 2048, 256, 128, False),  # two strips in 8 parts each
+    (64, 512, 16384, 128, False),  # 64 x 256 tiles
     (100, 384, 384, 128, True),  # 128 x 128 tiles from here
     (128, 2048, 128, 64, False),  # one strip in 8 parts
     (200, 512, 512, -1, True),  # two chunks, per-channel scales
