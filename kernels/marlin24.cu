@@ -97,13 +97,16 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
 
   Params p;
   p.meta = static_cast<const int4*>(g.meta);
-  // m > 32 on an sm_90a build and a Hopper GPU: the wgmma.sp kernel (64-row chunks, 256-column strips).
-  if (g.m > 32 && g.n % Sm90Cfg::W == 0 && detail::has_wgmma(g.device)) {
-    const int n_cols = g.n / Sm90Cfg::W;
-    return detail::run_chunk_groups(p, g, g.a, lg_group, Sm90Cfg::R, n_cols, [&](int par) {
+  // m > 32 on an sm_90a build and a Hopper GPU: the wgmma.sp kernel, 64-row chunks by 256 columns or, on layers too
+  // narrow for those to fill the GPU, 128 (the dense kernel's rule for its 64-row chunks).
+  const int cols = detail::sm90_tile(64, g.n, g.sms * kMaxBlocksPerSm).cols;
+  if (g.m > 32 && cols > 0 && detail::has_wgmma(g.device)) {
+    const int n_cols = g.n / cols;
+    return detail::run_chunk_groups(p, g, g.a, lg_group, 64, n_cols, [&](int par) {
       const int grid = detail::size_grid(
-          p, par, detail::sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (32 * Sm90Cfg::KT)), g.sms * kMaxBlocksPerSm);
-      return launch_sm90(grouped, p, grid, g.device, stream);
+          p, par, detail::sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (32 * Sm90Cfg<256>::KT)),
+          g.sms * kMaxBlocksPerSm);
+      return launch_sm90(cols, grouped, p, grid, g.device, stream);
     });
   }
   Choice choice;

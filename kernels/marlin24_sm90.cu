@@ -10,12 +10,14 @@
 // The layout makes this free, as in the mma.sp kernel: lane (g, t) of a warp reading the 16-byte chunks 8g + t and
 // 8g + 4 + t of a 128-column strip's packed k32 row holds, in word j of each, rows g and g + 8 of the 16 x 16 kept
 // values of tile (j, p) (p = 0, 1: the low and high nibble pairs), and the metadata word j serves both tiles through
-// the two sparsity selectors. A warpgroup instruction takes 16 rows from each warp, so warp w = 2s + h takes strip s
-// of the block's two and tiles j = 2h, 2h + 1 of it (the 8-byte half h of each chunk): four wgmma.sp per k32 row
-// cover the block's 256 columns, and tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of strip s.
+// the two sparsity selectors. A warpgroup instruction takes 16 rows from each warp. With 64 x 256 tiles warp
+// w = 2s + h takes strip s of the block's two and tiles j = 2h, 2h + 1 of it (the 8-byte half h of each chunk):
+// four m64n64k32 per k32 row cover the block's 256 columns. With 64 x 128 tiles (layers too narrow for 256-column
+// tiles to fill the GPU, as the dense kernel's) warp w takes word j = w of the one strip's chunks, and two
+// m64n64k32 cover its 128 columns. Tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of its strip.
 //
 // Everything else is the dense wgmma kernel's: the striped partition, the pipeline, the split-k protocol with
-// partials saved straight from the registers (finish_registers), chunks of 64 rows side by side for larger m.
+// partials saved straight from the registers (finish_registers), chunks side by side for larger m.
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMARLIN_SM90A -c kernels/marlin24_sm90.cu
 // (for other targets the kernel body is empty and the host never launches it).
 #include "marlin24_kernel.cuh"
@@ -26,17 +28,17 @@ namespace sparse24 {
 
 using namespace detail;
 
-// Copies of one stage: the A tile (64 rows x 8 chunks, the 128-byte swizzle, rows past m zero-filled), the packed
-// codes and metadata of KT k32 rows x 256 columns (swizzled as in the mma.sp kernel, so the lanes' loads are
+// Copies of one stage: the A tile (R rows x 8 chunks, the 128-byte swizzle, rows past m zero-filled), the packed
+// codes and metadata of KT k32 rows x W columns (swizzled as in the mma.sp kernel, so the lanes' loads are
 // conflict-free) and the scale rows the stage spans. Per-thread parts are computed once; the next tile's bases
 // advance by additions.
-template <bool GROUPED>
+template <class C, bool GROUPED>
 struct Sm90Loader {
-  using C = Sm90Cfg;
   static constexpr int A_ROWS = C::THREADS / C::A_CHUNKS;  // rows per pass of the A copy
   static constexpr int A_PER = C::A_STAGE / C::THREADS;
   static constexpr int B_PER = C::B_STAGE / C::THREADS;
-  static_assert(C::M_STAGE == C::THREADS && C::B_STAGE % C::THREADS == 0, "whole passes");
+  static constexpr int B_ROWS = C::THREADS / (C::W / 2);  // k32 rows per pass of the B copy
+  static_assert(C::M_STAGE <= C::THREADS && C::B_STAGE % C::THREADS == 0 && B_ROWS >= 1, "whole passes");
 
   // Shapes, strides and base pointers are read from the kernel parameters (constant memory) when needed, so that
   // the loader holds only what differs per thread or per tile: 255 registers are tight (acc alone is 128).
@@ -55,10 +57,8 @@ struct Sm90Loader {
     a_src = r * (p.k / 8) + j;
     a_rows = m_rows - r;
     a_dst = (r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
-    // B: chunk e = tid + i * THREADS of the stage is chunk e % 128 of k32 row e / 128 (THREADS = W / 2: row i)
-    static_assert(C::THREADS == C::W / 2, "pass i of the B copy is k32 row i");
+    // B: chunk e = tid + i * THREADS of the stage is chunk e % (W / 2) of k32 row e / (W / 2) (load)
     b_dst = (C::A_STAGE + (tid ^ ((tid >> 1) & 4))) * 16;
-    static_assert(C::THREADS == C::KT * C::W / 4, "one metadata chunk per thread");
     m_src = (tid / (C::W / 4)) * (p.n / 4) + tid % (C::W / 4);
     m_dst = (C::A_STAGE + C::B_STAGE + (tid ^ ((tid >> 3) & 3))) * 16;
     // scales: max(1, KT >> lg_group) rows per stage, the first being the stage's first k32 row >> lg_group
@@ -73,10 +73,13 @@ struct Sm90Loader {
   __device__ __forceinline__ void load(uint32_t st) {
     const int tid = threadIdx.x;
     const int row = ld_kt * C::KT;  // first k32 row of the tile
-    const int4* b = p.b + static_cast<int64_t>(row) * (p.n / 2) + ld_col * (C::W / 2) + tid;
+    const int4* b = p.b + static_cast<int64_t>(row + tid / (C::W / 2)) * (p.n / 2) + ld_col * (C::W / 2) +
+                    tid % (C::W / 2);
 #pragma unroll
-    for (int i = 0; i < B_PER; ++i) cp_async16(st + b_dst + i * C::THREADS * 16, b + i * (p.n / 2));
-    cp_async16(st + m_dst, p.meta + static_cast<int64_t>(row) * (p.n / 4) + ld_col * (C::W / 4) + m_src);
+    for (int i = 0; i < B_PER; ++i) cp_async16(st + b_dst + i * C::THREADS * 16, b + i * B_ROWS * (p.n / 2));
+    if (C::M_STAGE == C::THREADS || tid < C::M_STAGE) {  // at most one metadata chunk per thread
+      cp_async16(st + m_dst, p.meta + static_cast<int64_t>(row) * (p.n / 4) + ld_col * (C::W / 4) + m_src);
+    }
 #pragma unroll
     for (int i = 0; i < A_PER; ++i) {
       const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
@@ -93,42 +96,44 @@ struct Sm90Loader {
   }
 };
 
-template <bool GROUPED>
-__global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm24_sm90_kernel(const Params p) {
+template <class C, bool GROUPED>
+__global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = Sm90Cfg;
+  constexpr int J = C::NS;  // packed words this warp takes of each chunk, and pairs of tiles (j, 0), (j, 1)
   extern __shared__ int4 smem[];
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
-  const int strip = warp / 2, half = warp % 2;  // 128-column strip of the block, tiles j = 2 half, 2 half + 1
+  // this warp's tiles: words [word0, word0 + J) of its lanes' chunks of 128-column strip `strip`
+  const int strip = warp * C::NS / 4, word0 = warp % (4 / C::NS) * C::NS;
   const int g = lane / 4, t = lane % 4;
 
   Run run;
   if (!plan_run(p.m, p.n, p.k, C::R, C::W, 32 * C::KT, p.blocks_per_chunk, run)) return;
 
   const int4* a_g = p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8);
-  Sm90Loader<GROUPED> loader(p, a_g, run.m_rows, run.t_begin);
+  Sm90Loader<C, GROUPED> loader(p, a_g, run.m_rows, run.t_begin);
 
-  // Byte offsets in a stage for k32 row 0 (row q adds q times the row's bytes): half h of chunks 8g + t and
-  // 8g + 4 + t (trading places for odd g, Sm90Loader), metadata words j = 2h, 2h + 1, scales of those tiles.
+  // Byte offsets in a stage for k32 row 0 (row q adds q times the row's bytes): words [word0, word0 + J) of chunks
+  // 8g + t and 8g + 4 + t (trading places for odd g, Sm90Loader), metadata words j = word0 + jj, scales of those
+  // tiles.
   constexpr uint32_t kBRow = C::W / 2 * 16, kMRow = C::W / 4 * 16, kSRow = C::W / 8 * 16;
-  const uint32_t b_x = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (g & 1)) * 16 + 8 * half;
-  const uint32_t b_y = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (1 - (g & 1))) * 16 + 8 * half;
-  uint32_t m_off[2];
+  const uint32_t b_x = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (g & 1)) * 16 + 4 * word0;
+  const uint32_t b_y = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (1 - (g & 1))) * 16 + 4 * word0;
+  uint32_t m_off[J];
 #pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
-    const int blk = g / 2, q = 4 * (t / 2) + ((2 * half + jj) ^ blk);
+  for (int jj = 0; jj < J; ++jj) {
+    const int blk = g / 2, q = 4 * (t / 2) + ((word0 + jj) ^ blk);
     m_off[jj] = ((C::A_STAGE + C::B_STAGE + strip * 32 + 8 * blk + q) * 4 + 2 * (g & 1) + (t & 1)) * 4;
   }
-  const uint32_t s_off = (C::A_STAGE + C::B_STAGE + C::M_STAGE + strip * 16 + 2 * g) * 16 + 8 * half;
+  const uint32_t s_off = (C::A_STAGE + C::B_STAGE + C::M_STAGE + strip * 16 + 2 * g) * 16 + 4 * word0;
 
-  // acc[2jj + p]: tile (2 half + jj, p) of every warp. Its element 4i + e of this thread is output column
-  // 128 strip + 16g + 8(e / 2) + 2 half + jj + 4p of the block's 256, row 8i + 2t + e % 2 of the chunk.
-  float acc[4][C::ACC];
+  // acc[2jj + p]: tile (word0 + jj, p) of every warp. Its element 4i + e of this thread is output column
+  // 128 strip + 16g + 8(e / 2) + word0 + jj + 4p of the block's tile, row 8i + 2t + e % 2 of the chunk.
+  float acc[2 * J][C::ACC];
 #pragma unroll
-  for (int u = 0; u < 4; ++u)
+  for (int u = 0; u < 2 * J; ++u)
 #pragma unroll
     for (int e = 0; e < C::ACC; ++e) acc[u][e] = 0.f;
 
@@ -136,25 +141,23 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm24_sm90_kernel(const 
     const uint64_t desc = a_desc(st);
 #pragma unroll
     for (int q = 0; q < C::KT; ++q) {
-      const uint2 bx = lds64(st + b_x + q * kBRow), by = lds64(st + b_y + q * kBRow);
-      const uint32_t wx[2] = {bx.x, bx.y}, wy[2] = {by.x, by.y};
-      uint32_t mw[2];
+      uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
+      lds_words(st + b_x + q * kBRow, wx);
+      lds_words(st + b_y + q * kBRow, wy);
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj) mw[jj] = lds32(st + m_off[jj] + q * kMRow);
-      uint2 sx = make_uint2(0, 0), sy = make_uint2(0, 0);
+      for (int jj = 0; jj < J; ++jj) mw[jj] = lds32(st + m_off[jj] + q * kMRow);
       if (GROUPED) {
         const uint32_t so = st + s_off + (q >> p.lg_group) * kSRow;
-        sx = lds64(so);
-        sy = lds64(so + 16);
+        lds_words(so, vx);
+        lds_words(so + 16, vy);
       }
-      const uint32_t vx[2] = {sx.x, sx.y}, vy[2] = {sy.x, sy.y};
-      uint32_t a[4][4];
+      uint32_t a[2 * J][4];
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj) tile_pair<GROUPED>(wx[jj], wy[jj], vx[jj], vy[jj], a[2 * jj], a[2 * jj + 1]);
+      for (int jj = 0; jj < J; ++jj) tile_pair<GROUPED>(wx[jj], wy[jj], vx[jj], vy[jj], a[2 * jj], a[2 * jj + 1]);
       pin(acc);
       wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
+      for (int jj = 0; jj < J; ++jj) {
         wgmma_sp_m64n64k32<0>(acc[2 * jj], a[2 * jj], mw[jj], desc + 4 * q);
         wgmma_sp_m64n64k32<1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc + 4 * q);
       }
@@ -169,19 +172,25 @@ __global__ void __launch_bounds__(Sm90Cfg::THREADS, 2) gemm24_sm90_kernel(const 
     }
   };
 
-  // output columns: 128 strip + 16g + 2 half + jj + 4p + 8h of the block's 256 for tile u = 2jj + p; per-channel
+  // output columns: 128 strip + 16g + word0 + jj + 4p + 8h of the block's tile for tile u = 2jj + p; per-channel
   // scales in column order
   wgmma_run<C, GROUPED>(
       p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, fence_proxy_async, compute_stage,
-      [&](int col) { return col * C::W + strip * 128 + 16 * g + 2 * half; },
+      [&](int col) { return col * C::W + strip * 128 + 16 * g + word0; },
       [](int u, int h) { return u / 2 + 4 * (u % 2) + 8 * h; }, [](int x) { return x; });
 #endif
 }
 
-cudaError_t launch_sm90(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+template <class C>
+cudaError_t launch_cols(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
   static bool ready[2][kMaxDevices] = {};
-  return launch_opt_in(grouped ? gemm24_sm90_kernel<true> : gemm24_sm90_kernel<false>, ready[grouped][device], grid,
-                       Sm90Cfg::THREADS, Sm90Cfg::SMEM, device, stream, p);
+  return launch_opt_in(grouped ? gemm24_sm90_kernel<C, true> : gemm24_sm90_kernel<C, false>, ready[grouped][device],
+                       grid, C::THREADS, C::SMEM, device, stream, p);
+}
+
+cudaError_t launch_sm90(int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+  return cols == 256 ? launch_cols<Sm90Cfg<256>>(grouped, p, grid, device, stream)
+                     : launch_cols<Sm90Cfg<128>>(grouped, p, grid, device, stream);
 }
 
 }  // namespace sparse24

@@ -42,8 +42,9 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (8, 512, 128, -1),
     (16, 2048, 256, 32),
     (33, 512, 384, 128),
-    (64, 2048, 512, 128),  # wgmma.sp kernel: two strips in 8 parts each
-    (100, 512, 256, -1),  # wgmma.sp kernel: two chunks, per-channel scales
+    (64, 2048, 512, 128),  # wgmma.sp kernel, 64 x 128 tiles: four strips in 8 parts each
+    (100, 512, 256, -1),  # two chunks, per-channel scales
+    (64, 512, 16384, 32),  # 64 x 256 tiles
 ]
 
 

@@ -105,19 +105,20 @@ def _kernels_launched(m: int, n: int) -> str:
 
 
 def test_hopper_runs_the_wgmma_sp_kernel_above_32_rows() -> None:
-    """On compute capability 9.0, m > 32 runs on the wgmma.sp kernel (64-row chunks, 256-column tiles: n % 256 ==
-    0); other shapes on the mma.sp kernel."""
+    """On compute capability 9.0, m > 32 runs on the wgmma.sp kernel: 64-row chunks by 256 columns where 256-column
+    strips fill most of the GPU, else by 128; m <= 32 on the mma.sp kernel."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
-    small, large, narrow, tall = (
+    small, wide, narrow, odd, tall = (
         _kernels_launched(32, 512),
+        _kernels_launched(64, 16384),  # 64 strips of 256 columns x 8 parts: every block slot
         _kernels_launched(64, 512),
         _kernels_launched(64, 384),
         _kernels_launched(200, 512),
     )
     assert "gemm24_kernel<" in small and "gemm24_sm90_kernel" not in small
-    assert "gemm24_sm90_kernel" in large and "gemm24_sm90_kernel" in tall
-    assert "gemm24_kernel<" in narrow and "gemm24_sm90_kernel" not in narrow  # n not a multiple of 256
+    assert "Sm90Cfg<256>" in wide
+    assert "Sm90Cfg<128>" in narrow and "Sm90Cfg<128>" in odd and "Sm90Cfg<128>" in tall
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 11008, 4096), (16, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)])
