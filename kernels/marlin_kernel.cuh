@@ -940,10 +940,14 @@ static_assert(Sm90Cfg<64, 128>::SMEM <= kSm90Smem, "64 x 128 tiles fit wherever 
 struct Sm90Tile {
   int rows, cols;
 };
+// The width of 64-row chunks' tiles on n columns; also the 2:4 wgmma.sp kernel's.
+inline int sm90_cols64(int n, int slots) {
+  if (n % 256 == 0 && 4 * (n / 256 * 8) >= 3 * slots) return 256;
+  return n % 128 == 0 ? 128 : 0;
+}
 inline Sm90Tile sm90_tile(int m, int n, int slots) {
   if (m > 64) return {128, n % 128 == 0 ? 128 : 0};
-  if (n % 256 == 0 && 4 * (n / 256 * 8) >= 3 * slots) return {64, 256};
-  return {64, n % 128 == 0 ? 128 : 0};
+  return {64, sm90_cols64(n, slots)};
 }
 cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,
                         cudaStream_t stream);

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from marlin_cli import grid
@@ -82,3 +84,13 @@ def poison(m: int, n: int) -> None:
     """Leave a NaN-filled block of C's size in the caching allocator, so an op's fresh output starts as NaN."""
     t = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
     del t
+
+
+def kernels_launched(run: Callable[[], object]) -> str:
+    """The names of the CUDA kernels one call of `run` launches, after a warm-up call (build, first launch)."""
+    run()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
+        run()
+        torch.cuda.synchronize()
+    return " ".join(e.name for e in prof.events())

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import dequantize_gpu, poison, random_operands, random_operands24, rel_error, unpack_weight_gpu
+from gpu_helpers import (
+    dequantize_gpu,
+    kernels_launched,
+    poison,
+    random_operands,
+    random_operands24,
+    rel_error,
+    unpack_weight_gpu,
+)
 
 from marlin_cli.errors import ShapeError
 from marlin_cli.formats import marlin
@@ -202,12 +210,7 @@ def test_bad_operands() -> None:
 
 def _kernels_launched(m: int, k: int, n: int) -> str:
     a, b, s = random_operands(m, k, n, 128)
-    ops.gemm(a, b, s)  # built and warm
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
-        ops.gemm(a, b, s)
-        torch.cuda.synchronize()
-    return " ".join(e.name for e in prof.events())
+    return kernels_launched(lambda: ops.gemm(a, b, s))
 
 
 def test_hopper_runs_the_wgmma_kernel_above_32_rows() -> None:

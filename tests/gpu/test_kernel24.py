@@ -12,7 +12,7 @@ import functools
 
 import pytest
 import torch
-from gpu_helpers import poison, random_operands24, rel_error
+from gpu_helpers import kernels_launched, poison, random_operands24, rel_error
 
 from marlin_cli.errors import ShapeError
 from marlin_cli.formats import marlin24
@@ -96,12 +96,7 @@ def test_large_m() -> None:
 
 def _kernels_launched(m: int, n: int) -> str:
     a, b24, meta, s = random_operands24(m, 256, n, 128)
-    ops.gemm24(a, b24, meta, s)  # built and warm
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
-        ops.gemm24(a, b24, meta, s)
-        torch.cuda.synchronize()
-    return " ".join(e.name for e in prof.events())
+    return kernels_launched(lambda: ops.gemm24(a, b24, meta, s))
 
 
 def test_hopper_runs_the_wgmma_sp_kernel_above_32_rows() -> None:
