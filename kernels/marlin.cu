@@ -53,16 +53,20 @@ bool has_wgmma(int device) {
 }
 
 // The tallest chunk (<= what m needs) and widest strip (dividing n) that fit the shared memory. Two blocks per SM
-// (chunks of <= 32 rows) measured best with 4 stages each, one block with 8 (perf-log v3).
-bool choose(int m, int n, int smem_cap, Choice* out) {
+// (chunks of <= 32 rows) measured best with 4 stages each, one block with 8 (perf-log v3). Chunks of <= 16 rows
+// whose blocks take short runs (at most 32 tiles each over the device's `slots` block slots) get 3 stages: each
+// block's first stage lands sooner at the start, which is much of a short run; long runs keep 4 (perf-log f2).
+bool choose(int m, int n, int k, int slots, int smem_cap, Choice* out) {
   constexpr int kRows[] = {8, 16, 32, 48, 64};
+  constexpr int kDepth = 16 * CfgFor<16, 2, 4>::KT;  // k per tile of chunks <= 32 rows
   int want = 0;
   while (want < 4 && kRows[want] < m) ++want;
   for (int h = want; h >= 0; --h) {
     const int rows = kRows[h];
     for (int ns = rows <= 32 ? 2 : 4; ns >= 1; ns /= 2) {
       if (n % (64 * ns)) continue;
-      const Choice c{rows, ns, rows <= 32 ? 4 : 8};
+      const bool short_runs = static_cast<int64_t>(n / (64 * ns)) * (k / kDepth) <= 32LL * slots;
+      const Choice c{rows, ns, rows <= 16 && short_runs ? 3 : rows <= 32 ? 4 : 8};
       const int smem = smem_of(c);  // -1: not compiled (MARLIN_CONFIGS)
       if (smem > 0 && smem <= smem_cap) {
         *out = c;
@@ -97,7 +101,9 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
   const Sm90Tile tile = sm90_tile(g.m, g.n, g.sms * kMaxBlocksPerSm);
   const bool sm90 = g.m > 32 && tile.cols > 0 && has_wgmma(g.device);
   Choice choice{};
-  if (!sm90 && !choose(g.m, g.n, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
+  if (!sm90 && !choose(g.m, g.n, g.k, g.sms * kMaxBlocksPerSm, max_smem(g.device), &choice)) {
+    return cudaErrorInvalidConfiguration;
+  }
   const int rows = sm90 ? tile.rows : choice.rows;
   const int blocks_per_sm = sm90 || choice.rows <= 32 ? kMaxBlocksPerSm : 1;
   const int n_cols = g.n / (sm90 ? tile.cols : 64 * choice.ns);

@@ -881,14 +881,14 @@ inline cudaError_t launch_cfg(bool grouped, const Params& p, int grid, int devic
 }
 
 // Every combination choose() can pick (rows, strips, stages), in the order it prefers them for a given chunk height;
-// no other is compiled. Chunks of <= 32 rows always find a 4-stage tile before an 8-stage one, and 64-row chunks
-// with 128-wide strips need 234 KB of shared memory (more than any GPU has): those would be dead code.
+// no other is compiled. Chunks of <= 32 rows take 4 stages (<= 16 rows: 3 on short runs), taller ones 8, and 64-row
+// chunks with 128-wide strips need 234 KB of shared memory (more than any GPU has): those would be dead code.
 #define MARLIN_CONFIGS(X) \
   X(64, 4, 8) X(64, 1, 8) \
   X(48, 4, 8) X(48, 2, 8) X(48, 1, 8) \
   X(32, 2, 4) X(32, 1, 4) \
-  X(16, 2, 4) X(16, 1, 4) \
-  X(8, 2, 4) X(8, 1, 4)
+  X(16, 2, 4) X(16, 2, 3) X(16, 1, 4) X(16, 1, 3) \
+  X(8, 2, 4) X(8, 2, 3) X(8, 1, 4) X(8, 1, 3)
 
 // One launcher per 16 rows of chunk height (marlin_mb<MB>.cu takes chunks of 16 * MB - 15 .. 16 * MB rows), each
 // compiled in its own file so the builds run in parallel.

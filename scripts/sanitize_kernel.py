@@ -24,7 +24,8 @@ from gpu_helpers import dequantize_gpu, random_operands, random_operands24, rel_
 from marlin_cli.kernel import ops, reference  # noqa: E402
 
 CASES = [  # m, k, n, group, act_order
-    (1, 1024, 256, 128, False),
+    (1, 1024, 256, 128, False),  # short runs: chunks of <= 16 rows on 3-stage rings
+    (1, 8192, 8512, 128, False),  # 8-row chunks, 64-column strips, runs of > 32 tiles: 4 stages
     (5, 512, 192, -1, True),  # 8-row chunks, 64-column strips, per-channel scales
     (16, 512, 192, 32, False),
     (12, 2048, 256, 64, False),  # 16-row chunks, 128-column strips (k-warp slices on Hopper), split k

@@ -235,6 +235,21 @@ def test_hopper_runs_the_wgmma_kernel_above_32_rows() -> None:
     assert "gemm_kernel<" in too_narrow and "gemm_sm90_kernel" not in too_narrow  # n not a multiple of 128
 
 
+def test_short_runs_take_three_stages() -> None:
+    """Chunks of <= 16 rows take a 3-stage ring when no block's run is longer than 32 tiles (128 columns x 128 deep),
+    else 4 (perf-log f2)."""
+    slots = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    wide = 128 * (slots + 1)  # slots + 1 strips of 32 tiles each at k = 4096: more than 32 tiles per block
+    short8, short16, long8, long16 = (
+        _kernels_launched(1, 4096, 4096),
+        _kernels_launched(16, 4096, 4096),
+        _kernels_launched(1, 4096, wide),
+        _kernels_launched(16, 4096, wide),
+    )
+    assert "Cfg<8, 2, 8, 3>" in short8 and "Cfg<16, 2, 8, 3>" in short16
+    assert "Cfg<8, 2, 8, 4>" in long8 and "Cfg<16, 2, 8, 4>" in long16
+
+
 def test_kernel_name() -> None:
     assert ops.kernel_name(torch.device("cuda")) == "cuda"
     assert ops.kernel_name(torch.device("cpu")) == "reference"
