@@ -54,8 +54,8 @@ bool has_wgmma(int device) {
 
 // The tallest chunk (<= what m needs) and widest strip (dividing n) that fit the shared memory. Two blocks per SM
 // (chunks of <= 32 rows) measured best with 4 stages each, one block with 8 (perf-log v3). Chunks of <= 16 rows
-// whose blocks take short runs (at most 32 tiles each over the device's `slots` block slots) get 3 stages: each
-// block's first stage lands sooner at the start, which is much of a short run; long runs keep 4 (perf-log f2).
+// whose blocks take short runs (at most 32 tiles each over the device's `slots` block slots) measured faster with 3
+// stages, long runs with 4 (perf-log f2).
 bool choose(int m, int n, int k, int slots, int smem_cap, Choice* out) {
   constexpr int kRows[] = {8, 16, 32, 48, 64};
   constexpr int kDepth = 16 * CfgFor<16, 2, 4>::KT;  // k per tile of chunks <= 32 rows
