@@ -16,8 +16,8 @@
 // tiles to fill the GPU, as the dense kernel's) warp w takes word j = w of the one strip's chunks, and two
 // m64n64k32 cover its 128 columns. Tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of its strip.
 //
-// Everything else is the dense wgmma kernel's: the striped partition, the pipeline, the split-k protocol with
-// partials saved straight from the registers (finish_registers), chunks side by side for larger m.
+// Everything else is the dense wgmma kernel's: the striped partition, the pipeline, parts of split column strips
+// saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMARLIN_SM90A -c kernels/marlin24_sm90.cu
 // (for other targets the kernel body is empty and the host never launches it).
 #include "marlin24_kernel.cuh"
@@ -96,6 +96,19 @@ struct Sm90Loader {
   }
 };
 
+// Where thread tid's accumulators land (wgmma_run, add_parts_kernel): element 4i + e of tile u = 2jj + p is output
+// column x0(col, tid) + of(u, e / 2) of column strip col, i.e. 128 strip + 16g + word0 + jj + 4p + 8(e / 2) of the
+// block's tile (strip, word0: the warp's, as in the kernel); per-channel scales in column order.
+template <class C>
+struct SparseCols {
+  static __device__ __forceinline__ int x0(int col, int tid) {
+    const int warp = tid / 32;
+    return col * C::W + warp * C::NS / 4 * 128 + 16 * (tid % 32 / 4) + warp % (4 / C::NS) * C::NS;
+  }
+  static __device__ __forceinline__ int of(int u, int h) { return u / 2 + 4 * (u % 2) + 8 * h; }
+  static __device__ __forceinline__ int scale(int x) { return x; }
+};
+
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -129,8 +142,8 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
   }
   const uint32_t s_off = (C::A_STAGE + C::B_STAGE + C::M_STAGE + strip * 16 + 2 * g) * 16 + 4 * word0;
 
-  // acc[2jj + p]: tile (word0 + jj, p) of every warp. Its element 4i + e of this thread is output column
-  // 128 strip + 16g + 8(e / 2) + word0 + jj + 4p of the block's tile, row 8i + 2t + e % 2 of the chunk.
+  // acc[2jj + p]: tile (word0 + jj, p) of every warp (its columns: SparseCols). Element 4i + e of this thread is
+  // row 8i + 2t + e % 2 of the chunk.
   float acc[2 * J][C::ACC];
 #pragma unroll
   for (int u = 0; u < 2 * J; ++u)
@@ -172,20 +185,21 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
     }
   };
 
-  // output columns: 128 strip + 16g + word0 + jj + 4p + 8h of the block's tile for tile u = 2jj + p; per-channel
-  // scales in column order
-  wgmma_run<C, GROUPED>(
-      p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, fence_proxy_async, compute_stage,
-      [&](int col) { return col * C::W + strip * 128 + 16 * g + word0; },
-      [](int u, int h) { return u / 2 + 4 * (u % 2) + 8 * h; }, [](int x) { return x; });
+  wgmma_run<C, SparseCols<C>, GROUPED>(
+      p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, fence_proxy_async, compute_stage);
 #endif
 }
 
 template <class C>
 cudaError_t launch_cols(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
   static bool ready[2][kMaxDevices] = {};
-  return launch_opt_in(grouped ? gemm24_sm90_kernel<C, true> : gemm24_sm90_kernel<C, false>, ready[grouped][device],
-                       grid, C::THREADS, C::SMEM, device, stream, p);
+  constexpr int kDepth = 32 * C::KT;
+  Params q = p;
+  const bool split = splits_strips(p, p.n / C::W, p.k / kDepth);
+  q.early_dependents |= split;  // add_parts_kernel follows: its blocks may wait beside this kernel's
+  const cudaError_t err = launch_opt_in(grouped ? gemm24_sm90_kernel<C, true> : gemm24_sm90_kernel<C, false>,
+                                        ready[grouped][device], grid, C::THREADS, C::SMEM, device, stream, q);
+  return err != cudaSuccess ? err : add_parts<C, SparseCols<C>, 2 * C::NS>(grouped, p, grid, kDepth, device, stream);
 }
 
 cudaError_t launch_sm90(int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {

@@ -19,8 +19,9 @@
 // issues, landing in the 128-byte swizzle wgmma reads and counted on the ring slot's mbarrier; rows past m arrive
 // as zeros. Copied by cp.async, 16 bytes per thread and instruction, it took a third of the run to issue (3-6%
 // faster this way; the 8 KB tiles of 64-row chunks measured 2-5% slower with it: perf-log w5).
-// Everything else is the sm_80 kernel's: the striped partition, the StageLoader (weights and scales), the split-k
-// protocol (finish_strip; partials are saved straight from the registers), chunks side by side for larger m.
+// The striped partition, the StageLoader (weights and scales) and chunks side by side for larger m are the sm_80
+// kernel's; parts of split column strips are saved straight from the registers and added after the launch by
+// add_parts_kernel (wgmma.cuh).
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMARLIN_SM90A -c kernels/marlin_sm90.cu
 // (for other targets the kernel body is empty and the host never launches it).
 #include "wgmma.cuh"
@@ -31,16 +32,21 @@
 namespace marlin_cli {
 namespace detail {
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-// Position of output column x in a per-channel scale row (3.1 step 4: within 32 columns, column 8q + 2i + b sits
-// at 8i + 2q + b).
-__device__ __forceinline__ int scale_pos(int x) {
-  const int r = x & 31;
-  return (x & ~31) + 8 * ((r & 7) >> 1) + 2 * (r >> 3) + (r & 1);
-}
-
-#endif
+// Where thread tid's accumulators land (wgmma_run, add_parts_kernel): element 4i + e of the j-th wgmma's tile is
+// output column x0(col, tid) + of(j, e / 2) of column strip col, i.e. 16 (NS warp + j) + 8(e / 2) + lane / 4 of the
+// block's tile; per-channel scales are permuted (3.1 step 4: within 32 columns, column 8q + 2i + b sits at
+// 8i + 2q + b).
+template <class C>
+struct DenseCols {
+  static __device__ __forceinline__ int x0(int col, int tid) {
+    return col * C::W + 16 * C::NS * (tid / 32) + tid % 32 / 4;
+  }
+  static __device__ __forceinline__ int of(int j, int h) { return 16 * j + 8 * h; }
+  static __device__ __forceinline__ int scale(int x) {
+    const int r = x & 31;
+    return (x & ~31) + 8 * ((r & 7) >> 1) + 2 * (r >> 3) + (r & 1);
+  }
+};
 
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::THREADS, 2)
@@ -100,8 +106,8 @@ __global__ void __launch_bounds__(C::THREADS, 2)
   const uint32_t b_off = (C::A_STAGE + strip * 32 + lane) * 16 + 4 * word0;
   const uint32_t s_off = (C::A_STAGE + C::B_STAGE + strip * 8 + lane / 4) * 16 + 4 * word0;
 
-  // acc[j]: the j-th wgmma's 64 x R tile. Its element 4i + e of this thread is output column
-  // 16 (NS warp + j) + 8(e / 2) + lane / 4 of the block's tile, row 8i + 2(lane % 4) + e % 2 of the chunk.
+  // acc[j]: the j-th wgmma's 64 x R tile (its columns: DenseCols). Element 4i + e of this thread is row
+  // 8i + 2(lane % 4) + e % 2 of the chunk.
   float acc[J][C::ACC];
 #pragma unroll
   for (int j = 0; j < J; ++j)
@@ -145,11 +151,7 @@ __global__ void __launch_bounds__(C::THREADS, 2)
     }
   };
 
-  // output columns: 16 (NS warp + j) + 8h + lane / 4 of the tile; per-channel scales permuted (scale_pos)
-  wgmma_run<C, GROUPED>(
-      p, run, smem, acc, load, ready, compute_stage,
-      [&](int col) { return col * C::W + 16 * C::NS * warp + lane / 4; }, [](int j, int h) { return 16 * j + 8 * h; },
-      scale_pos);
+  wgmma_run<C, DenseCols<C>, GROUPED>(p, run, smem, acc, load, ready, compute_stage);
 #endif
 }
 
@@ -186,8 +188,13 @@ cudaError_t launch_rows(bool grouped, const Params& p, int grid, int device, cud
   if (C::A_TMA) {
     if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
   }
-  return launch_opt_in(grouped ? gemm_sm90_kernel<C, true> : gemm_sm90_kernel<C, false>, ready[grouped][device], grid,
-                       C::THREADS, C::SMEM, device, stream, p, map);
+  constexpr int kDepth = 16 * C::KT;
+  Params q = p;
+  const bool split = splits_strips(p, p.n / C::W, p.k / kDepth);
+  q.early_dependents |= split;  // add_parts_kernel follows: its blocks may wait beside this kernel's
+  const cudaError_t err = launch_opt_in(grouped ? gemm_sm90_kernel<C, true> : gemm_sm90_kernel<C, false>,
+                                        ready[grouped][device], grid, C::THREADS, C::SMEM, device, stream, q, map);
+  return err != cudaSuccess ? err : add_parts<C, DenseCols<C>, C::NS>(grouped, p, grid, kDepth, device, stream);
 }
 
 cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,

@@ -128,185 +128,152 @@ __device__ __forceinline__ void pin(float (&acc)[J][ACC]) {
 #undef MARLIN_WGMMA_D64_LIST
 #undef MARLIN_WGMMA_D32_LIST
 
-// A column strip whose parts a block adds up after its run (finish_registers, add_deferred); a run has at most two
-// partial strips, its first and its last.
-struct Deferred {
-  int col, bid_lo, bid_hi;
-};
-
-// The end of a run inside column strip `col` for a tile in registers, acc[j] being the j-th wgmma's 64-column tile
-// (ACC floats per thread): the whole strip goes straight to C through store_c(col, -1); a part is saved to its
-// workspace slot in register order (float4 v of tile j at (j * ACC / 4 + v) * THREADS + tid). The block that
-// completes a strip's count (finish_strip) does not add the parts here, inside the main loop, but records the strip
-// in `deferred` (thread 0; n_deferred counts in every thread) for add_deferred after the loop, where registers are
-// free to keep many parts' loads in flight.
-template <int THREADS, int J, int ACC, class StoreC>
-__device__ __forceinline__ void finish_registers(const Params& p, const Run& run, int& s_last, Deferred* deferred,
-                                                 int& n_deferred, int col, int seg_begin, int seg_end,
-                                                 float (&acc)[J][ACC], StoreC&& store_c) {
-  const int tid = threadIdx.x;
-  wgmma_wait<0>();
-  auto save = [&](float* mine) {
-    float4* dst = reinterpret_cast<float4*>(mine);
-#pragma unroll
-    for (int j = 0; j < J; ++j)
-#pragma unroll
-      for (int v = 0; v < ACC / 4; ++v) {
-        dst[(j * ACC / 4 + v) * THREADS + tid] =
-            make_float4(acc[j][4 * v], acc[j][4 * v + 1], acc[j][4 * v + 2], acc[j][4 * v + 3]);
-      }
-  };
-  auto defer = [&](auto&&, int bid_lo, int bid_hi) {
-    if (tid == 0) deferred[n_deferred] = Deferred{col, bid_lo, bid_hi};
-    ++n_deferred;
-  };
-  finish_strip(p.partials, kMaxTileElems, run.chunk * p.blocks_per_chunk, p.counters + run.chunk * run.n_cols + col,
-               s_last, run.bid, run.iters, col * run.k_tiles, (col + 1) * run.k_tiles, seg_begin, seg_end,
-               [&] { store_c(col, -1); }, save, defer);
-#pragma unroll
-  for (int j = 0; j < J; ++j)
-#pragma unroll
-    for (int e = 0; e < ACC; ++e) acc[j][e] = 0.f;
-}
-
-// After the run: the strips finish_registers deferred, each part added in block order (as finish_strip requires)
-// one wgmma tile at a time, with 128 floats per thread of parts' loads issued at once (they are L2 round trips:
-// summing inside the loop with 8 loads in flight made the last block's sums as long as the rest of the run on short
-// layers), each tile staged by store_c(col, j) in the now idle ring and the strip written out by copy_c(col)
-// (perf-log).
-template <int THREADS, int J, int ACC, class StoreC, class CopyC>
-__device__ __forceinline__ void add_deferred(const Params& p, const Run& run, const Deferred* deferred, int n_deferred,
-                                             float (&acc)[J][ACC], StoreC&& store_c, CopyC&& copy_c) {
-  constexpr int kInFlight = 128 / ACC;
-  if (n_deferred == 0) return;
-  __syncthreads();  // thread 0's records are visible
-  const int tid = threadIdx.x;
-#pragma unroll 1
-  for (int d = 0; d < n_deferred; ++d) {
-    const Deferred r = deferred[d];
-    auto part = [&](int b, int j) {
-      return reinterpret_cast<const float4*>(part_slot(p.partials, kMaxTileElems, run.chunk * p.blocks_per_chunk,
-                                                       run.iters, r.col * run.k_tiles, b)) +
-             j * ACC / 4 * THREADS + tid;
-    };
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-#pragma unroll
-      for (int e = 0; e < ACC; ++e) acc[j][e] = 0.f;
-#pragma unroll 1
-      for (int b = r.bid_lo; b <= r.bid_hi; b += kInFlight) {
-        float4 x[kInFlight][ACC / 4];
-#pragma unroll
-        for (int i = 0; i < kInFlight; ++i) {
-          if (b + i > r.bid_hi) continue;
-          const float4* src = part(b + i, j);
-#pragma unroll
-          for (int v = 0; v < ACC / 4; ++v) x[i][v] = __ldcg(src + v * THREADS);
-        }
-#pragma unroll
-        for (int i = 0; i < kInFlight; ++i) {
-          if (b + i > r.bid_hi) continue;
-#pragma unroll
-          for (int v = 0; v < ACC / 4; ++v) {
-            acc[j][4 * v] += x[i][v].x, acc[j][4 * v + 1] += x[i][v].y;
-            acc[j][4 * v + 2] += x[i][v].z, acc[j][4 * v + 3] += x[i][v].w;
-          }
-        }
-      }
-      store_c(r.col, j);
-    }
-    __syncthreads();  // the strip is staged
-    copy_c(r.col);
-    __syncthreads();  // ... and copied out before the next one is staged
-  }
-}
-
-// An R x (64 J) tile in registers as fp16, wgmma tile `tile` of it or all (-1; a constant after inlining), into rows
-// `stride` halves apart from dst (C, or a staging tile in shared memory): element 4i + e of tile j (this thread) is
-// row 8i + 2(lane % 4) + e % 2 and column col_of(j, e / 2) from dst, times scale_of(j, e / 2) (1 for grouped
-// scales); rows from `rows` on are skipped. 2-byte stores, one row pointer at a time and the thread's columns at
-// offsets that unrolling makes immediates.
-template <int R, int J, int ACC, class ColOf, class ScaleOf>
-__device__ __forceinline__ void store_registers(__half* dst, int stride, int rows, int tile, const float (&acc)[J][ACC],
-                                                ColOf&& col_of, ScaleOf&& scale_of) {
+// An R x (64 J) tile in registers as fp16 into C at c (the tile's first column of this thread's; rows n halves
+// apart): element 4i + e of tile j (this thread) is row 8i + 2(lane % 4) + e % 2 and column Cols::of(j, e / 2) from
+// c, times scale_of(j, e / 2) (1 for grouped scales); rows from `rows` on are skipped. 2-byte stores, one row
+// pointer at a time and the thread's columns at offsets that unrolling makes immediates.
+template <class Cols, int R, int J, int ACC, class ScaleOf>
+__device__ __forceinline__ void store_registers(__half* c, int n, int rows, const float (&acc)[J][ACC],
+                                                ScaleOf&& scale_of) {
   const int c2 = 2 * (threadIdx.x % 4);
   float sc[J][2];
 #pragma unroll
   for (int j = 0; j < J; ++j)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) sc[j][h] = tile < 0 || j == tile ? scale_of(j, h) : 0.f;
+    for (int h = 0; h < 2; ++h) sc[j][h] = scale_of(j, h);
 #pragma unroll
   for (int i = 0; i < R / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int r = 8 * i + c2 + e;
       if (r >= rows) continue;
-      __half* row = dst + static_cast<int64_t>(r) * stride;
+      __half* row = c + static_cast<int64_t>(r) * n;
 #pragma unroll
-      for (int j = 0; j < J; ++j) {
-        if (tile >= 0 && j != tile) continue;
+      for (int j = 0; j < J; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) row[col_of(j, h)] = __float2half_rn(acc[j][4 * i + 2 * h + e] * sc[j][h]);
-      }
+        for (int h = 0; h < 2; ++h) row[Cols::of(j, h)] = __float2half_rn(acc[j][4 * i + 2 * h + e] * sc[j][h]);
     }
 }
 
-// The first `rows` rows of a staged R x W fp16 tile (kStageStride halves per row) to C at c (rows n halves apart),
-// in 16-byte stores: each warp writes whole rows, where the register layout's stores scatter over 8 to 32 sectors.
-constexpr int kStageStride = 256 + 8;  // the pad spreads the rows' 2-byte stores over the banks
-template <int THREADS, int R, int W>
-__device__ __forceinline__ void copy_staged(const __half* stage, __half* c, int n, int rows) {
-  constexpr int kChunks = W / 8;  // 16-byte chunks per row
-  static_assert(W <= 256, "the staging stride holds 256 columns");
-#pragma unroll 4
-  for (int e = threadIdx.x; e < R * kChunks; e += THREADS) {
-    const int r = e / kChunks, q = e % kChunks;
-    if (r >= rows) break;  // e grows with r
-    *reinterpret_cast<int4*>(c + static_cast<int64_t>(r) * n + 8 * q) =
-        *reinterpret_cast<const int4*>(stage + r * kStageStride + 8 * q);
-  }
-}
-
 // The main loop and end of both wgmma kernels for config C: the ring loop over the run's tiles (load(st) copies a
-// stage, ready() makes this thread's view of it visible to wgmma, compute(st) consumes it), the split-k finish of
-// each column strip the run ends (finish_registers) and, after the loop, the strips it completes (add_deferred),
-// staged in the idle ring. The accumulators go to C with the kernel's column map: this thread's columns of strip
-// col are x0_of(col) + col_of(j, h) (tile j, accumulator half h), and with one group their scale is
-// p.s[scale_index(column)].
-template <class C, bool GROUPED, int J, class Load, class Ready, class Compute, class X0, class ColOf,
-          class ScaleIndex>
+// stage, ready() makes this thread's view of it visible to wgmma, compute(st) consumes it) and the end of each
+// column strip the run reaches: a whole strip goes straight to C (columns by Cols), a part of one is saved to its
+// workspace slot in register order (float4 v of tile j at (j * ACC / 4 + v) * THREADS + tid) for add_parts_kernel,
+// which the host launches after this kernel when strips are split.
+template <class C, class Cols, bool GROUPED, int J, class Load, class Ready, class Compute>
 __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4* smem, float (&acc)[J][C::ACC],
-                                          Load&& load, Ready&& ready, Compute&& compute, X0&& x0_of, ColOf&& col_of,
-                                          ScaleIndex&& scale_index) {
-  __shared__ int s_last;
-  __shared__ Deferred s_deferred[2];
-  int n_deferred = 0;
+                                          Load&& load, Ready&& ready, Compute&& compute) {
   const uint32_t ring = (smem_addr(smem) + 1023) & ~1023u;  // stages start on 1024-byte swizzle atoms
-  __half* const stage = reinterpret_cast<__half*>(smem) + (ring - smem_addr(smem)) / 2;
-  static_assert(C::R * kStageStride * 2 <= C::STAGES * C::STAGE * 16, "the staging tile fits in the ring");
   __half* const c_g = reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(run.chunk) * C::R * p.n;
-
-  // straight to C (a whole strip inside the run) or into the staging tile (after the run)
-  auto store_c = [&](int col, int tile, bool staged) {
-    const int x0 = x0_of(col);
-    store_registers<C::R>(
-        staged ? stage + (x0 - col * C::W) : c_g + x0, staged ? kStageStride : p.n, staged ? C::R : run.m_rows, tile,
-        acc, col_of, [&](int j, int h) {
-          return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[scale_index(x0 + col_of(j, h))]);
-        });
-  };
+  const int tid = threadIdx.x;
   auto finish = [&](int col, int seg_begin, int seg_end) {
-    finish_registers<C::THREADS>(p, run, s_last, s_deferred, n_deferred, col, seg_begin, seg_end, acc,
-                                 [&](int c, int tile) { store_c(c, tile, false); });
+    wgmma_wait<0>();
+    const int strip_begin = col * run.k_tiles;
+    if (seg_begin == strip_begin && seg_end == strip_begin + run.k_tiles) {
+      const int x0 = Cols::x0(col, tid);
+      store_registers<Cols, C::R>(c_g + x0, p.n, run.m_rows, acc, [&](int j, int h) {
+        return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[Cols::scale(x0 + Cols::of(j, h))]);
+      });
+    } else {
+      float4* dst = reinterpret_cast<float4*>(part_slot(p.partials, kMaxTileElems, run.chunk * p.blocks_per_chunk,
+                                                        run.iters, strip_begin, run.bid));
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int v = 0; v < C::ACC / 4; ++v) {
+          dst[(j * C::ACC / 4 + v) * C::THREADS + tid] =
+              make_float4(acc[j][4 * v], acc[j][4 * v + 1], acc[j][4 * v + 2], acc[j][4 * v + 3]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
   };
   pipeline<C::STAGES, C::STAGE * 16>(run, ring, p.early_dependents, load, ready, compute, finish);
-  wgmma_wait<0>();
-  add_deferred<C::THREADS>(
-      p, run, s_deferred, n_deferred, acc, [&](int col, int j) { store_c(col, j, true); },
-      [&](int col) { copy_staged<C::THREADS, C::R, C::W>(stage, c_g + col * C::W, p.n, run.m_rows); });
 }
 
 #endif
+
+// Whether a wgmma launch leaves column strips in parts: blocks take runs of `iters` of the n_cols * k_tiles tiles
+// (plan_run), and a run boundary inside a strip splits it.
+inline bool splits_strips(const Params& p, int n_cols, int k_tiles) {
+  const int total = n_cols * k_tiles;
+  const int iters = (total + p.blocks_per_chunk - 1) / p.blocks_per_chunk;
+  return iters < total && iters % k_tiles != 0;
+}
+
+// The split strips of a wgmma launch, added up after it on the same stream (it waits for the launch to complete).
+// The parts of a strip are all there by then, so this spreads the sums over the whole GPU, where the block that
+// completed a strip's count used to add them alone at one SM's L2 read rate (perf-log a1). Block (chunk, col, i)
+// takes rows 8i .. 8i + 7 of strip col: its thread (j, t) adds float4 i of tile j of the GEMM's thread t over the
+// strip's parts in block order (so results do not depend on timing), the sums meet as fp16 in shared memory and go
+// to C in 16-byte row chunks. T: the GEMM's wgmma tiles per thread; depth: k per tile.
+template <class C, class Cols, int T, bool GROUPED>
+__global__ void __launch_bounds__(C::THREADS* T) add_parts_kernel(const Params p, int depth) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kPad = 8;  // halves: spreads the rows' 2-byte stores over the banks
+  __shared__ alignas(16) __half rows8[8][C::W + kPad];
+  grid_dependency_wait();
+  allow_dependents();  // the GEMM is done: the next kernel may take the SMs it left
+  const int n_cols = p.n / C::W;
+  const int i = blockIdx.x % (C::R / 8);
+  const int col = blockIdx.x / (C::R / 8) % n_cols;
+  const int chunk = blockIdx.x / (C::R / 8) / n_cols;
+  const int rows = min(C::R, p.m - chunk * C::R) - 8 * i;  // rows of this band that exist
+  const int k_tiles = p.k / depth;
+  const int iters = (n_cols * k_tiles + p.blocks_per_chunk - 1) / p.blocks_per_chunk;
+  const int strip_begin = col * k_tiles;
+  const int bid_lo = strip_begin / iters, bid_hi = (strip_begin + k_tiles - 1) / iters;
+  if (rows <= 0 || bid_lo == bid_hi) return;  // no rows, or the run that held the whole strip wrote it
+
+  const int t = threadIdx.x % C::THREADS, j = threadIdx.x / C::THREADS;
+  const int64_t at = (j * C::ACC / 4 + i) * C::THREADS + t;
+  const int first_block = chunk * p.blocks_per_chunk;
+  float v[4] = {0.f, 0.f, 0.f, 0.f};
+  constexpr int kInFlight = 8;
+  for (int b0 = bid_lo; b0 <= bid_hi; b0 += kInFlight) {
+    float4 x[kInFlight];
+#pragma unroll
+    for (int q = 0; q < kInFlight; ++q) {
+      if (b0 + q <= bid_hi) {
+        x[q] = __ldcg(reinterpret_cast<const float4*>(
+                          part_slot(p.partials, kMaxTileElems, first_block, iters, strip_begin, b0 + q)) +
+                      at);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kInFlight; ++q) {
+      if (b0 + q <= bid_hi) v[0] += x[q].x, v[1] += x[q].y, v[2] += x[q].z, v[3] += x[q].w;
+    }
+  }
+  // element e: row 2(t % 4) + e % 2 of the band, column Cols::of(j, e / 2) from the thread's first
+  const int x0 = Cols::x0(col, t);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int x = x0 + Cols::of(j, e / 2);
+    const float s = GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[Cols::scale(x)]);
+    rows8[2 * (t % 4) + e % 2][x - col * C::W] = __float2half_rn(v[e] * s);
+  }
+  __syncthreads();
+  __half* const c = reinterpret_cast<__half*>(p.c) + (static_cast<int64_t>(chunk) * C::R + 8 * i) * p.n + col * C::W;
+  for (int e = threadIdx.x; e < 8 * (C::W / 8); e += C::THREADS * T) {
+    const int r = e / (C::W / 8), q = e % (C::W / 8);
+    if (r < rows) *reinterpret_cast<int4*>(c + static_cast<int64_t>(r) * p.n + 8 * q) =
+        *reinterpret_cast<const int4*>(&rows8[r][8 * q]);
+  }
+#endif
+}
+
+// Launches add_parts_kernel after a wgmma launch of `grid` blocks when that leaves strips in parts.
+template <class C, class Cols, int T>
+cudaError_t add_parts(bool grouped, const Params& p, int grid, int depth, int device, cudaStream_t stream) {
+  const int n_cols = p.n / C::W;
+  if (!splits_strips(p, n_cols, p.k / depth)) return cudaSuccess;
+  const int blocks = grid / p.blocks_per_chunk * n_cols * (C::R / 8);
+  return launch_kernel(grouped ? add_parts_kernel<C, Cols, T, true> : add_parts_kernel<C, Cols, T, false>, blocks,
+                       C::THREADS * T, 0, device, stream, p, depth);
+}
 
 }  // namespace detail
 }  // namespace marlin_cli
