@@ -955,8 +955,8 @@ cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int
 bool has_wgmma(int device);
 
 // Blocks per chunk for the wgmma kernels (two blocks per SM): every block slot, shared by `par` chunks, but at most
-// 8 parts per column strip: a tile's fp32 partial is 64 KB, as much as 8 64 x 256 tiles of dense weights, and the
-// last block adds them one after another (4096 x 4096 at m = 64: 33.5 -> 21.5 us; perf-log).
+// 8 parts per column strip: a tile's fp32 partial is 64 KB, as much as 8 64 x 256 tiles of dense weights, written
+// and read back (4096 x 4096 at m = 64, when one block added the parts: 33.5 -> 21.5 us; perf-log).
 inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles) {
   constexpr int kParts = 8;
   const int min_iters = (k_tiles + kParts - 1) / kParts;

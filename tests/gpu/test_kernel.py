@@ -235,6 +235,18 @@ def test_hopper_runs_the_wgmma_kernel_above_32_rows() -> None:
     assert "gemm_kernel<" in too_narrow and "gemm_sm90_kernel" not in too_narrow  # n not a multiple of 128
 
 
+def test_split_strips_are_added_by_a_second_kernel() -> None:
+    """The wgmma kernels save the parts of column strips that several blocks' runs share, and add_parts_kernel adds
+    them after the launch (perf-log a1); when every run holds whole strips (k = 128: two 64-deep tiles per strip, two
+    per run over every block slot) only the GEMM runs."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs compute capability 9.0")
+    slots = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    split, whole = _kernels_launched(128, 2048, 128), _kernels_launched(65, 128, 128 * slots)
+    assert "gemm_sm90_kernel" in split and "add_parts_kernel" in split  # one strip in 8 parts
+    assert "gemm_sm90_kernel" in whole and "add_parts_kernel" not in whole
+
+
 def test_short_runs_take_three_stages() -> None:
     """Chunks of <= 16 rows take a 3-stage ring when no block's run is longer than 32 tiles (128 columns x 128 deep),
     else 4 (perf-log f2)."""
