@@ -96,10 +96,10 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
     a = g.a_perm;
   }
 
-  // m > 32 on an sm_90a build and a Hopper GPU: the wgmma kernel with the tile sm90_tile() picks; otherwise the
+  // m > 16 on an sm_90a build and a Hopper GPU: the wgmma kernel with the tile sm90_tile() picks; otherwise the
   // sm_80 kernel with the tile choose() picks.
   const Sm90Tile tile = sm90_tile(g.m, g.n, g.sms * kMaxBlocksPerSm);
-  const bool sm90 = g.m > 32 && tile.cols > 0 && has_wgmma(g.device);
+  const bool sm90 = g.m > kSm90AboveRows && tile.cols > 0 && has_wgmma(g.device);
   Choice choice{};
   if (!sm90 && !choose(g.m, g.n, g.k, g.sms * kMaxBlocksPerSm, max_smem(g.device), &choice)) {
     return cudaErrorInvalidConfiguration;

@@ -97,10 +97,10 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
 
   Params p;
   p.meta = static_cast<const int4*>(g.meta);
-  // m > 32 on an sm_90a build and a Hopper GPU: the wgmma.sp kernel, 64-row chunks by 256 columns or, on layers too
+  // m > 16 on an sm_90a build and a Hopper GPU: the wgmma.sp kernel, 64-row chunks by 256 columns or, on layers too
   // narrow for those to fill the GPU, 128 (the dense kernel's rule for its 64-row chunks).
   const int cols = detail::sm90_cols64(g.n, g.sms * kMaxBlocksPerSm);
-  if (g.m > 32 && cols > 0 && detail::has_wgmma(g.device)) {
+  if (g.m > detail::kSm90AboveRows && cols > 0 && detail::has_wgmma(g.device)) {
     const int n_cols = g.n / cols;
     return detail::run_chunk_groups(p, g, g.a, lg_group, 64, n_cols, [&](int par) {
       const int grid = detail::size_grid(

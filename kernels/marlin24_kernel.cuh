@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
       [&](uint32_t st) { compute_stage(at(st)); }, finish);
 }
 
-// The 2:4 wgmma kernel for m > 32 on sm_90a (marlin24_sm90.cu): one warpgroup per block, 64-row chunks (wgmma's n)
+// The 2:4 wgmma kernel for m > 16 on sm_90a (marlin24_sm90.cu): one warpgroup per block, 64-row chunks (wgmma's n)
 // by W-column tiles (two 128-column strips of the layout, or one on narrow layers: detail::sm90_cols64), 64-deep
 // stages (two k32 rows).
 template <int W_>

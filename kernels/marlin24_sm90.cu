@@ -1,4 +1,4 @@
-// FP16 x INT4 GEMM on the Sparse-MARLIN 2:4 layout with Hopper's sparse warpgroup MMA (wgmma.sp), for m > 32 on
+// FP16 x INT4 GEMM on the Sparse-MARLIN 2:4 layout with Hopper's sparse warpgroup MMA (wgmma.sp), for m > 16 on
 // sm_90a.
 //
 // mma.sp runs at about half of the H200's sparse tensor rate, and the sm_80-class 2:4 kernel (marlin24_kernel.cuh)

@@ -899,10 +899,14 @@ MARLIN_DECLARE_LAUNCHER(2)
 MARLIN_DECLARE_LAUNCHER(3)
 MARLIN_DECLARE_LAUNCHER(4)
 
+// The wgmma kernels (sm_90a) take m > kSm90AboveRows: from 17 rows their 64-row chunks, three quarters empty, run
+// faster than the mma.sync kernels' 32-row ones (7B set at m = 32: 105.5 -> ~87 us; perf-log a3).
+constexpr int kSm90AboveRows = 16;
+
 // Columns of the wgmma kernel's widest tile for R-row chunks: 128 fp32 accumulators per thread.
 constexpr int sm90_cols(int rows) { return 64 * 256 / rows; }
 
-// The wgmma kernel for m > 32 on sm_90a (marlin_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n) by
+// The wgmma kernel for m > 16 on sm_90a (marlin_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n) by
 // W-column tiles, 64-deep stages. 64 x 256 and 128 x 128 hold 128 fp32 accumulators per thread; 128-row chunks
 // (m > 64) use each dequantized weight for twice the rows, so they dequantize half as often per product (perf-log
 // w4). 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column tiles to fill the GPU (sm90_tile).
@@ -933,7 +937,7 @@ struct Sm90Cfg {
 constexpr int kSm90Smem = Sm90Cfg<64>::SMEM > Sm90Cfg<128>::SMEM ? Sm90Cfg<64>::SMEM : Sm90Cfg<128>::SMEM;
 static_assert(Sm90Cfg<64, 128>::SMEM <= kSm90Smem, "64 x 128 tiles fit wherever the others do");
 
-// The wgmma kernel's tile for m > 32 rows and n columns: 128-row chunks by 128 columns for m > 64; else 64-row
+// The wgmma kernel's tile for m > 16 rows and n columns: 128-row chunks by 128 columns for m > 64; else 64-row
 // chunks by 256 columns, or by 128 where 256-column strips in at most 8 parts each (sm90_blocks_per_chunk) would
 // leave more than a quarter of the device's `slots` block slots empty (7B layers with n = 4096 fill half of them).
 // cols = 0: no wgmma tile fits n.

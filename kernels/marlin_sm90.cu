@@ -1,4 +1,4 @@
-// FP16 x INT4 GEMM on the MARLIN dense layout with Hopper's warpgroup MMA (wgmma), for m > 32 on sm_90a.
+// FP16 x INT4 GEMM on the MARLIN dense layout with Hopper's warpgroup MMA (wgmma), for m > 16 on sm_90a.
 //
 // mma.sync runs at about half of the H200's tensor rate, which caps the sm_80 kernel (marlin_kernel.cuh) below
 // cuBLAS from m = 64 on. Here the roles are transposed: C^T (n, m) = dequant(B)^T (n, k) @ A^T (k, m), so the

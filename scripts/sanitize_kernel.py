@@ -5,8 +5,8 @@ compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_k
 
 Build the kernel first (any call of marlin_cli.kernel.ops.gemm on a GPU), so the sanitizer only sees launches.
 The shapes cover every chunk height, strip width, group kind, act-order, ragged m and the split-k fixup, for the
-sm_80 kernel (m <= 32, or n too narrow for the wgmma tile) and the wgmma kernel (m > 32 on the H200), then the 2:4
-kernels (mma.sp, and wgmma.sp for m > 32 on the H200).
+sm_80 kernel (m <= 16, or n too narrow for the wgmma tile) and the wgmma kernel (m > 16 on the H200), then the 2:4
+kernels (mma.sp, and wgmma.sp for m > 16 on the H200).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ CASES = [  # m, k, n, group, act_order
     (16, 512, 192, 32, False),
     (12, 2048, 256, 64, False),  # 16-row chunks, 128-column strips (k-warp slices on Hopper), split k
     (17, 512, 192, -1, True),
+    (20, 1024, 512, 32, False),  # wgmma kernel from 17 rows: one 64-row chunk, 20 rows real
     (33, 1024, 512, 32, False),
     (64, 256, 1024, 64, False),  # wgmma kernel, 64 x 128 tiles (too few 256-column strips to fill the GPU)
     (64, 2048, 256, 128, False),  # two strips in 8 parts each
@@ -42,6 +43,7 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (1, 1024, 256, 128),
     (8, 512, 128, -1),
     (16, 2048, 256, 32),
+    (24, 512, 384, 128),  # wgmma.sp kernel from 17 rows
     (33, 512, 384, 128),
     (64, 2048, 512, 128),  # wgmma.sp kernel, 64 x 128 tiles: four strips in 8 parts each
     (100, 512, 256, -1),  # two chunks, per-channel scales

@@ -213,14 +213,15 @@ def _kernels_launched(m: int, k: int, n: int) -> str:
     return kernels_launched(lambda: ops.gemm(a, b, s))
 
 
-def test_hopper_runs_the_wgmma_kernel_above_32_rows() -> None:
-    """On compute capability 9.0 the build targets 9.0a, and m > 32 runs on the wgmma kernel: 64 x 256 tiles up to
+def test_hopper_runs_the_wgmma_kernel_above_16_rows() -> None:
+    """On compute capability 9.0 the build targets 9.0a, and m > 16 runs on the wgmma kernel: 64 x 256 tiles up to
     m = 64 where 256-column strips fill most of the GPU, 64 x 128 tiles where not (n % 128 == 0), 128 x 128 tiles
     above m = 64 (n % 128 == 0)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs compute capability 9.0")
-    small, wide, narrow, odd, tall, tall_narrow, too_narrow = (
-        _kernels_launched(32, 256, 512),
+    small, least, wide, narrow, odd, tall, tall_narrow, too_narrow = (
+        _kernels_launched(16, 256, 512),
+        _kernels_launched(17, 256, 512),
         _kernels_launched(64, 256, 16384),  # 64 strips of 256 columns x 8 parts: every block slot
         _kernels_launched(64, 256, 512),
         _kernels_launched(64, 256, 384),
@@ -229,6 +230,7 @@ def test_hopper_runs_the_wgmma_kernel_above_32_rows() -> None:
         _kernels_launched(65, 256, 192),
     )
     assert "gemm_kernel<" in small and "gemm_sm90_kernel" not in small
+    assert "Sm90Cfg<64, 128>" in least  # 64-row chunks from 17 rows on (perf-log a3)
     assert "Sm90Cfg<64, 256>" in wide
     assert "Sm90Cfg<64, 128>" in narrow and "Sm90Cfg<64, 128>" in odd
     assert "Sm90Cfg<128, 128>" in tall and "Sm90Cfg<128, 128>" in tall_narrow

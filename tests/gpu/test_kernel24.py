@@ -99,19 +99,21 @@ def _kernels_launched(m: int, n: int) -> str:
     return kernels_launched(lambda: ops.gemm24(a, b24, meta, s))
 
 
-def test_hopper_runs_the_wgmma_sp_kernel_above_32_rows() -> None:
-    """On compute capability 9.0, m > 32 runs on the wgmma.sp kernel: 64-row chunks by 256 columns where 256-column
-    strips fill most of the GPU, else by 128; m <= 32 on the mma.sp kernel."""
+def test_hopper_runs_the_wgmma_sp_kernel_above_16_rows() -> None:
+    """On compute capability 9.0, m > 16 runs on the wgmma.sp kernel: 64-row chunks by 256 columns where 256-column
+    strips fill most of the GPU, else by 128; m <= 16 on the mma.sp kernel."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
-    small, wide, narrow, odd, tall = (
-        _kernels_launched(32, 512),
+    small, least, wide, narrow, odd, tall = (
+        _kernels_launched(16, 512),
+        _kernels_launched(17, 512),
         _kernels_launched(64, 16384),  # 64 strips of 256 columns x 8 parts: every block slot
         _kernels_launched(64, 512),
         _kernels_launched(64, 384),
         _kernels_launched(200, 512),
     )
     assert "gemm24_kernel<" in small and "gemm24_sm90_kernel" not in small
+    assert "gemm24_sm90_kernel" in least
     assert "Sm90Cfg<256>" in wide
     assert "Sm90Cfg<128>" in narrow and "Sm90Cfg<128>" in odd and "Sm90Cfg<128>" in tall
 
