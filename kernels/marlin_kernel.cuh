@@ -520,6 +520,9 @@ struct Run {
   int t_begin, n_iter;         // the block's first tile and its number of tiles
 };
 
+// Tiles per run when `blocks` blocks share `total` tiles (the last runs may be shorter or empty).
+__host__ __device__ __forceinline__ int tiles_per_run(int total, int blocks) { return (total + blocks - 1) / blocks; }
+
 // Fills r; false when the block has nothing to do (its chunk is past m, or its run past the last tile).
 __device__ __forceinline__ bool plan_run(int m, int n, int k, int rows, int cols, int depth, int blocks_per_chunk,
                                          Run& r) {
@@ -530,7 +533,7 @@ __device__ __forceinline__ bool plan_run(int m, int n, int k, int rows, int cols
   r.n_cols = n / cols;
   r.k_tiles = k / depth;
   const int total = r.n_cols * r.k_tiles;
-  r.iters = (total + blocks_per_chunk - 1) / blocks_per_chunk;
+  r.iters = tiles_per_run(total, blocks_per_chunk);
   r.t_begin = r.bid * r.iters;
   r.n_iter = min(total, r.t_begin + r.iters) - r.t_begin;
   return r.n_iter > 0;

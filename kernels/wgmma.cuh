@@ -199,7 +199,7 @@ __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4*
 // (plan_run), and a run boundary inside a strip splits it.
 inline bool splits_strips(const Params& p, int n_cols, int k_tiles) {
   const int total = n_cols * k_tiles;
-  const int iters = (total + p.blocks_per_chunk - 1) / p.blocks_per_chunk;
+  const int iters = tiles_per_run(total, p.blocks_per_chunk);
   return iters < total && iters % k_tiles != 0;
 }
 
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(C::THREADS* T) add_parts_kernel(const Params p
   const int chunk = blockIdx.x / (C::R / 8) / n_cols;
   const int rows = min(C::R, p.m - chunk * C::R) - 8 * i;  // rows of this band that exist
   const int k_tiles = p.k / depth;
-  const int iters = (n_cols * k_tiles + p.blocks_per_chunk - 1) / p.blocks_per_chunk;
+  const int iters = tiles_per_run(n_cols * k_tiles, p.blocks_per_chunk);
   const int strip_begin = col * k_tiles;
   const int bid_lo = strip_begin / iters, bid_hi = (strip_begin + k_tiles - 1) / iters;
   if (rows <= 0 || bid_lo == bid_hi) return;  // no rows, or the run that held the whole strip wrote it
@@ -259,8 +259,10 @@ __global__ void __launch_bounds__(C::THREADS* T) add_parts_kernel(const Params p
   __half* const c = reinterpret_cast<__half*>(p.c) + (static_cast<int64_t>(chunk) * C::R + 8 * i) * p.n + col * C::W;
   for (int e = threadIdx.x; e < 8 * (C::W / 8); e += C::THREADS * T) {
     const int r = e / (C::W / 8), q = e % (C::W / 8);
-    if (r < rows) *reinterpret_cast<int4*>(c + static_cast<int64_t>(r) * p.n + 8 * q) =
-        *reinterpret_cast<const int4*>(&rows8[r][8 * q]);
+    if (r < rows) {
+      *reinterpret_cast<int4*>(c + static_cast<int64_t>(r) * p.n + 8 * q) =
+          *reinterpret_cast<const int4*>(&rows8[r][8 * q]);
+    }
   }
 #endif
 }
