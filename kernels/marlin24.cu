@@ -99,13 +99,13 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   p.meta = static_cast<const int4*>(g.meta);
   // m > 16 on an sm_90a build and a Hopper GPU: the wgmma.sp kernel, 64-row chunks by 256 columns or, on layers too
   // narrow for those to fill the GPU, 128 (the dense kernel's rule for its 64-row chunks).
-  const int cols = detail::sm90_cols64(g.n, g.sms * kMaxBlocksPerSm);
+  const int slots = g.sms * kMaxBlocksPerSm;
+  const int cols = detail::sm90_cols64(g.n, slots);
   if (g.m > detail::kSm90AboveRows && cols > 0 && detail::has_wgmma(g.device)) {
     const int n_cols = g.n / cols;
     return detail::run_chunk_groups(p, g, g.a, lg_group, 64, n_cols, [&](int par) {
-      const int grid = detail::size_grid(
-          p, par, detail::sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / (32 * Sm90Cfg<256>::KT)),
-          g.sms * kMaxBlocksPerSm);
+      const int per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / Sm90Cfg<256>::DEPTH);
+      const int grid = detail::size_grid(p, par, per_chunk, slots);
       return launch_sm90(cols, grouped, p, grid, g.device, stream);
     });
   }

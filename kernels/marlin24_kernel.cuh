@@ -369,6 +369,7 @@ struct Sm90Cfg {
   static constexpr int W = W_;
   static constexpr int NS = W / 128;   // 128-column strips; also the packed words a warp takes of each chunk
   static constexpr int KT = 2;         // k32 rows per stage: one 128-byte row of A per row
+  static constexpr int DEPTH = 32 * KT;  // k per tile
   static constexpr int STAGES = W == 256 ? 6 : 8;  // as many as two blocks per SM hold
   static constexpr int A_CHUNKS = 4 * KT;
   static constexpr int A_STAGE = R * A_CHUNKS;  // int4 per stage

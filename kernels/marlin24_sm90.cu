@@ -65,7 +65,7 @@ struct Sm90Loader {
     s_copy = GROUPED && tid < max(1, C::KT >> p.lg_group) * (C::W / 8);
     s_src = (tid / (C::W / 8)) * (p.n / 8) + tid % (C::W / 8);
     s_dst = (C::A_STAGE + C::B_STAGE + C::M_STAGE + tid) * 16;
-    const int k_tiles = p.k / (32 * C::KT);
+    const int k_tiles = p.k / C::DEPTH;
     ld_col = t_begin / k_tiles;
     ld_kt = t_begin - ld_col * k_tiles;
   }
@@ -89,7 +89,7 @@ struct Sm90Loader {
     if (s_copy) {
       cp_async16(st + s_dst, p.s + static_cast<int64_t>(row >> p.lg_group) * (p.n / 8) + ld_col * (C::W / 8) + s_src);
     }
-    if (++ld_kt == p.k / (32 * C::KT)) {
+    if (++ld_kt == p.k / C::DEPTH) {
       ld_kt = 0;
       ++ld_col;
     }
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
   const int g = lane / 4, t = lane % 4;
 
   Run run;
-  if (!plan_run(p.m, p.n, p.k, C::R, C::W, 32 * C::KT, p.blocks_per_chunk, run)) return;
+  if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
 
   const int4* a_g = p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8);
   Sm90Loader<C, GROUPED> loader(p, a_g, run.m_rows, run.t_begin);
@@ -193,13 +193,10 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
 template <class C>
 cudaError_t launch_cols(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
   static bool ready[2][kMaxDevices] = {};
-  constexpr int kDepth = 32 * C::KT;
-  Params q = p;
-  const bool split = splits_strips(p, p.n / C::W, p.k / kDepth);
-  q.early_dependents |= split;  // add_parts_kernel follows: its blocks may wait beside this kernel's
-  const cudaError_t err = launch_opt_in(grouped ? gemm24_sm90_kernel<C, true> : gemm24_sm90_kernel<C, false>,
-                                        ready[grouped][device], grid, C::THREADS, C::SMEM, device, stream, q);
-  return err != cudaSuccess ? err : add_parts<C, SparseCols<C>, 2 * C::NS>(grouped, p, grid, kDepth, device, stream);
+  return launch_with_parts<C, SparseCols<C>, 2 * C::NS>(grouped, p, grid, device, stream, [&](const Params& q) {
+    return launch_opt_in(grouped ? gemm24_sm90_kernel<C, true> : gemm24_sm90_kernel<C, false>, ready[grouped][device],
+                         grid, C::THREADS, C::SMEM, device, stream, q);
+  });
 }
 
 cudaError_t launch_sm90(int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {

@@ -920,6 +920,7 @@ struct Sm90Cfg {
   static constexpr int W = W_;
   static constexpr int NS = W / 64;    // 64-column strips; also the wgmma (packed words) per warp and k16 tile
   static constexpr int KT = 4;         // k16 tiles per stage: one 128-byte row of A per row
+  static constexpr int DEPTH = 16 * KT;  // k per tile
   static constexpr bool A_TMA = R == 128;  // the A tile by one tensor copy instead of cp.async (marlin_sm90.cu)
   static constexpr int A_CHUNKS = 2 * KT;
   static constexpr int A_STAGE = R * A_CHUNKS;

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(C::THREADS, 2)
   const int strip = warp * C::NS / 4, word0 = warp % (4 / C::NS) * C::NS;
 
   Run run;
-  if (!plan_run(p.m, p.n, p.k, C::R, C::W, 16 * C::KT, p.blocks_per_chunk, run)) return;
+  if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
 
   const int4* a_g = p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8);
   StageLoader<C, GROUPED, !C::A_TMA> loader(p, a_g, run.m_rows, run.t_begin, run.k_tiles);
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(C::THREADS, 2)
       if (tid == 0) {
         const uint32_t bar = bars + 8 * ld_slot;
         mbar_expect(bar, C::A_STAGE * 16);
-        tma_load_2d(st, &a_map, loader.ld_kt * 16 * C::KT, run.chunk * C::R, bar);
+        tma_load_2d(st, &a_map, loader.ld_kt * C::DEPTH, run.chunk * C::R, bar);
       }
       ld_slot = ld_slot + 1 == C::STAGES ? 0 : ld_slot + 1;
     }
@@ -188,13 +188,10 @@ cudaError_t launch_rows(bool grouped, const Params& p, int grid, int device, cud
   if (C::A_TMA) {
     if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
   }
-  constexpr int kDepth = 16 * C::KT;
-  Params q = p;
-  const bool split = splits_strips(p, p.n / C::W, p.k / kDepth);
-  q.early_dependents |= split;  // add_parts_kernel follows: its blocks may wait beside this kernel's
-  const cudaError_t err = launch_opt_in(grouped ? gemm_sm90_kernel<C, true> : gemm_sm90_kernel<C, false>,
-                                        ready[grouped][device], grid, C::THREADS, C::SMEM, device, stream, q, map);
-  return err != cudaSuccess ? err : add_parts<C, DenseCols<C>, C::NS>(grouped, p, grid, kDepth, device, stream);
+  return launch_with_parts<C, DenseCols<C>, C::NS>(grouped, p, grid, device, stream, [&](const Params& q) {
+    return launch_opt_in(grouped ? gemm_sm90_kernel<C, true> : gemm_sm90_kernel<C, false>, ready[grouped][device],
+                         grid, C::THREADS, C::SMEM, device, stream, q, map);
+  });
 }
 
 cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,

@@ -208,9 +208,9 @@ inline bool splits_strips(const Params& p, int n_cols, int k_tiles) {
 // completed a strip's count used to add them alone at one SM's L2 read rate (perf-log a1). Block (chunk, col, i)
 // takes rows 8i .. 8i + 7 of strip col: its thread (j, t) adds float4 i of tile j of the GEMM's thread t over the
 // strip's parts in block order (so results do not depend on timing), the sums meet as fp16 in shared memory and go
-// to C in 16-byte row chunks. T: the GEMM's wgmma tiles per thread; depth: k per tile.
+// to C in 16-byte row chunks. T: the GEMM's wgmma tiles per thread.
 template <class C, class Cols, int T, bool GROUPED>
-__global__ void __launch_bounds__(C::THREADS* T) add_parts_kernel(const Params p, int depth) {
+__global__ void __launch_bounds__(C::THREADS* T) add_parts_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kPad = 8;  // halves: spreads the rows' 2-byte stores over the banks
   __shared__ alignas(16) __half rows8[8][C::W + kPad];
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(C::THREADS* T) add_parts_kernel(const Params p
   const int col = blockIdx.x / (C::R / 8) % n_cols;
   const int chunk = blockIdx.x / (C::R / 8) / n_cols;
   const int rows = min(C::R, p.m - chunk * C::R) - 8 * i;  // rows of this band that exist
-  const int k_tiles = p.k / depth;
+  const int k_tiles = p.k / C::DEPTH;
   const int iters = tiles_per_run(n_cols * k_tiles, p.blocks_per_chunk);
   const int strip_begin = col * k_tiles;
   const int bid_lo = strip_begin / iters, bid_hi = (strip_begin + k_tiles - 1) / iters;
@@ -267,14 +267,19 @@ __global__ void __launch_bounds__(C::THREADS* T) add_parts_kernel(const Params p
 #endif
 }
 
-// Launches add_parts_kernel after a wgmma launch of `grid` blocks when that leaves strips in parts.
-template <class C, class Cols, int T>
-cudaError_t add_parts(bool grouped, const Params& p, int grid, int depth, int device, cudaStream_t stream) {
+// A wgmma GEMM of `grid` blocks for config C, started by launch(q), and add_parts_kernel after it when the launch
+// leaves strips in parts; q is p (the kernel's Params, a 2:4 one included) with the early start of the next kernel
+// on in that case, since add_parts_kernel's blocks may wait beside the GEMM's.
+template <class C, class Cols, int T, class P, class Launch>
+cudaError_t launch_with_parts(bool grouped, const P& p, int grid, int device, cudaStream_t stream, Launch&& launch) {
   const int n_cols = p.n / C::W;
-  if (!splits_strips(p, n_cols, p.k / depth)) return cudaSuccess;
+  const bool split = splits_strips(p, n_cols, p.k / C::DEPTH);
+  P q = p;
+  q.early_dependents |= split;
+  if (const cudaError_t err = launch(q); err != cudaSuccess || !split) return err;
   const int blocks = grid / p.blocks_per_chunk * n_cols * (C::R / 8);
   return launch_kernel(grouped ? add_parts_kernel<C, Cols, T, true> : add_parts_kernel<C, Cols, T, false>, blocks,
-                       C::THREADS * T, 0, device, stream, p, depth);
+                       C::THREADS * T, 0, device, stream, static_cast<const Params&>(p));
 }
 
 }  // namespace detail
