@@ -110,7 +110,7 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
   const int n_cols = g.n / (sm90 ? tile.cols : 64 * choice.ns);
 
   Params p;
-  return run_chunk_groups(p, g, a, lg_group, rows, n_cols, [&](int par) {
+  return run_chunk_groups(p, g, a, lg_group, rows, [&](int par) {
     const int grid = size_grid(p, par,
                                sm90 ? sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / Sm90Cfg<64>::DEPTH)
                                     : g.sms * blocks_per_sm / par,

@@ -8,16 +8,13 @@
 
 namespace marlin_cli {
 
-// The workspace is one zeroed int32 buffer: kCounterInts completion counters (the kernel returns every counter it
-// touches to zero, so the buffer stays zeroed between launches), then fp32 partial tiles, two slots per block of
-// at most kMaxTileElems floats each, for up to kMaxBlocksPerSm blocks per SM.
-constexpr int64_t kCounterInts = 1 << 16;
+// The workspace is one int32 buffer holding fp32 parts of split column strips: two slots per block of at most
+// kMaxTileElems floats each, for up to kMaxBlocksPerSm blocks per SM. Each launch writes the slots before it reads
+// them, so it needs no initial contents.
 constexpr int64_t kMaxTileElems = 64 * 256;
 constexpr int kMaxBlocksPerSm = 2;
 
-inline int64_t workspace_ints(int sms) {
-  return kCounterInts + static_cast<int64_t>(sms) * kMaxBlocksPerSm * 2 * kMaxTileElems;
-}
+inline int64_t workspace_ints(int sms) { return static_cast<int64_t>(sms) * kMaxBlocksPerSm * 2 * kMaxTileElems; }
 
 struct GemmArgs {
   const void* a;      // fp16 (m, k) row-major, contiguous
@@ -26,7 +23,7 @@ struct GemmArgs {
   const int* perm;    // int32 (k,) or nullptr: the kernel computes a[:, perm] @ W
   void* a_perm;       // fp16 (m, k) scratch for the gathered A; only read when perm != nullptr
   void* c;            // fp16 (m, n) output
-  int* workspace;     // int32, workspace_ints(sms) entries, zeroed before the first launch
+  int* workspace;     // int32, workspace_ints(sms) entries
   int64_t workspace_len;
   int m, n, k, groups;
   int sms;            // multiprocessors to spread the work over

@@ -29,11 +29,13 @@ cudaError_t launch(Params p, int par, int sms, int device, cudaStream_t stream) 
   int64_t blocks = static_cast<int64_t>(sms) * occupancy[device];
   if (blocks > slots) blocks = slots;
   // At least kMinTiles tiles per block: on short layers fewer, longer runs leave fewer split-k parts to add up.
-  const int64_t tiles = static_cast<int64_t>(p.n / C::W) * (p.k / (32 * C::KT));
+  const int64_t tiles = static_cast<int64_t>(p.n / C::W) * (p.k / C::DEPTH);
   if (blocks * kMinTiles > tiles * par) blocks = (tiles * par + kMinTiles - 1) / kMinTiles;
   if (blocks < par) blocks = par;
   const int grid = detail::size_grid(p, par, static_cast<int>(blocks / par), sms * occupancy[device]);
-  return detail::launch_kernel(kernel, grid, C::THREADS, C::SMEM, device, stream, p);
+  return detail::launch_with_parts<detail::RowParts<C, false>>(GROUPED, p, grid, device, stream, [&](const Params& q) {
+    return detail::launch_kernel(kernel, grid, C::THREADS, C::SMEM, device, stream, q);
+  });
 }
 
 struct Choice {
@@ -103,7 +105,7 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   const int cols = detail::sm90_cols64(g.n, slots);
   if (g.m > detail::kSm90AboveRows && cols > 0 && detail::has_wgmma(g.device)) {
     const int n_cols = g.n / cols;
-    return detail::run_chunk_groups(p, g, g.a, lg_group, 64, n_cols, [&](int par) {
+    return detail::run_chunk_groups(p, g, g.a, lg_group, 64, [&](int par) {
       const int per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / Sm90Cfg<256>::DEPTH);
       const int grid = detail::size_grid(p, par, per_chunk, slots);
       return launch_sm90(cols, grouped, p, grid, g.device, stream);
@@ -111,8 +113,7 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   }
   Choice choice;
   if (!choose(g.m, g.n, g.k, max_smem(g.device), &choice)) return cudaErrorInvalidConfiguration;
-  const int n_cols = g.n / (128 * choice.ns);
-  return detail::run_chunk_groups(p, g, g.a, lg_group, 8 * choice.tt, n_cols, [&](int par) {
+  return detail::run_chunk_groups(p, g, g.a, lg_group, 8 * choice.tt, [&](int par) {
     return launch_choice(choice, grouped, p, par, g.sms, g.device, stream);
   });
 }

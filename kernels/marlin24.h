@@ -6,7 +6,7 @@
 
 #include <cuda_runtime.h>
 
-#include "marlin.h"  // the workspace (counters + partial tiles) is the dense kernel's: workspace_ints(sms)
+#include "marlin.h"  // the workspace (parts of split strips) is the dense kernel's: workspace_ints(sms)
 
 namespace marlin_cli {
 
@@ -16,7 +16,7 @@ struct Gemm24Args {
   const void* meta;   // int16 (k / 32, 2 n): the metadata, mma.sp order
   const void* s;      // fp16 (groups, n), 2:4 column order
   void* c;            // fp16 (m, n) output
-  int* workspace;     // int32, workspace_ints(sms) entries, zeroed before the first launch; left zeroed
+  int* workspace;     // int32, workspace_ints(sms) entries
   int64_t workspace_len;
   int m, n, k, groups;
   int sms;            // multiprocessors to spread the work over

@@ -85,6 +85,7 @@ struct Cfg {
   static constexpr int STAGES = STAGES_;  // depth of the cp.async ring
   static constexpr int NK = 4;            // k warps
   static constexpr int KT = NK * KQ;      // k32 rows per stage (the stage is 32 * KT deep)
+  static constexpr int DEPTH = 32 * KT;   // k per tile
   static constexpr int WARPS = NS * NK;
   static constexpr int THREADS = 32 * WARPS;
   static constexpr int R = 8 * TT;        // rows of the A / C tile
@@ -131,7 +132,6 @@ __device__ __forceinline__ int red_col(int n) { return (n & ~127) | ((n & 15) <<
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const Params p) {
   extern __shared__ int4 smem[];
-  __shared__ int s_last;
   float* red = reinterpret_cast<float*>(smem + C::STAGES * C::STAGE);
 
   const int tid = threadIdx.x;
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   const int g = lane / 4, t = lane % 4;
 
   detail::Run run;
-  if (!detail::plan_run(p.m, p.n, p.k, C::R, C::W, 32 * C::KT, p.blocks_per_chunk, run)) return;
+  if (!detail::plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
   const int chunk = run.chunk, m_rows = run.m_rows, k_tiles = run.k_tiles;
 
   const int4* a_g = p.a + static_cast<int64_t>(chunk) * C::R * (p.k / 8);
@@ -344,10 +344,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
       for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
       c_g[static_cast<int64_t>(r) * (p.n / 8) + n0 / 8] = *reinterpret_cast<int4*>(h);
     };
-    write_strip<C::THREADS, C::W / 8>(p.partials, C::R * C::W, chunk * p.blocks_per_chunk,
-                                      p.counters + chunk * run.n_cols + col, s_last, run.bid, run.iters,
-                                      col * k_tiles, (col + 1) * k_tiles, seg_begin, seg_end, groups8, m_rows,
-                                      gather, store);
+    write_strip<C::THREADS, C::W / 8>(detail::segment_part(p, run, C::R * C::W, col, seg_begin, seg_end), groups8,
+                                      m_rows, gather, store);
     zero_acc();  // `red` is next written after the main loop's barrier, so no barrier is needed here
   };
 

@@ -10,9 +10,10 @@
 // - Tiles are numbered column by column (k fastest) and every block takes one contiguous run of them ("striped"
 //   partition): each block streams the same number of weight bytes whatever the shape, so all SMs stay busy on the
 //   awkward real shapes, and a run may cross from one column strip into the next.
-// - A block's run covers a whole column strip (written straight to C) or part of one. Parts are combined without
-//   waiting: each part stores its fp32 partial tile in the workspace and bumps a counter; the block that completes
-//   the count adds the parts in block order (fixed, so the output is bit-reproducible) and writes C.
+// - A block's run covers a whole column strip (written straight to C) or part of one. A part is saved as an fp32
+//   tile in the workspace, and when a launch leaves strips split the host launches add_parts_kernel after it, which
+//   adds each strip's parts in block order (fixed, so the output is bit-reproducible) and writes C. No block of the
+//   GEMM waits for another, or fences and counts its part (perf-log q1).
 // - m is handled in chunks of 8, 16, 32, 48 or 64 rows; several chunks run side by side as groups of blocks, and each
 //   group re-reads the weights, mostly from L2 since the groups walk the same tiles at the same time.
 // - Inside a block: 8 warps = NS column warps (64 columns each) x NK k warps; the k warps of a strip split every
@@ -237,6 +238,7 @@ struct Cfg {
   static constexpr int R = ROWS_;         // rows of the A / C tile (one chunk of m)
   static constexpr int NS = NS_;          // 64-column strips per block tile
   static constexpr int KT = KT_;          // k16 tiles per pipeline stage
+  static constexpr int DEPTH = 16 * KT;   // k per tile
   static constexpr int STAGES = STAGES_;  // depth of the cp.async ring
   static constexpr int THREADS = kThreads;
   static constexpr int NK = kWarps / NS;  // warps sharing one strip (they split each stage's k16 tiles)
@@ -272,8 +274,7 @@ struct Params {
   const int4* b;
   const int4* s;
   int4* c;          // first row of this launch's chunks
-  int* counters;
-  float* partials;
+  float* partials;  // parts of split column strips: two slots per block (part_slot)
   int m;            // rows left from this launch's first row
   int n, k;
   int lg_group;     // log2(group size / depth of a k tile: 16 dense, 32 for 2:4); unused for one group
@@ -398,89 +399,24 @@ struct StageLoader {
 // Writing one column strip's result (the 2:4 kernel uses it too)
 // ---------------------------------------------------------------------------------------------------------------
 
-// Workspace slot of block b's partial of the strip that starts at tile strip_begin: slot 0 when it is the block's
-// first run segment, 1 when it is its last (finish_strip).
-__device__ __forceinline__ float* part_slot(float* partials, int64_t slot_elems, int first_block, int iters,
-                                            int strip_begin, int b) {
-  const int s = b * iters >= strip_begin ? 0 : 1;
-  return partials + (static_cast<int64_t>(first_block + b) * 2 + s) * slot_elems;
-}
-
-// The split-k protocol for one column strip. A block whose run of tiles [seg_begin, seg_end) covers its whole column
-// strip [strip_begin, strip_end) calls whole(). Otherwise every block holding part of the strip (blocks take runs of
-// `iters` tiles) calls save(slot) to write its fp32 partial to its workspace slot (slot 0 for a block's first run,
-// slot 1 for its last) and bumps the strip's counter; the block that completes the count returns the counter to
-// zero and calls reduce(slot_of, bid_lo, bid_hi), which must add the partials slot_of(bid_lo) .. slot_of(bid_hi) in
-// that order (so results do not depend on timing) and write the sums. No block waits for another. The callbacks
-// move the data; how a kernel holds its tile (shared memory or registers) is its own business.
-template <class Whole, class Save, class Reduce>
-__device__ __forceinline__ void finish_strip(float* partials, int64_t slot_elems, int first_block, int* counter,
-                                             int& s_last, int bid, int iters, int strip_begin, int strip_end,
-                                             int seg_begin, int seg_end, Whole&& whole, Save&& save, Reduce&& reduce) {
-  if (seg_begin == strip_begin && seg_end == strip_end) {
-    whole();
-    return;
-  }
-  const int bid_lo = strip_begin / iters;
-  const int bid_hi = (strip_end - 1) / iters;
-  auto slot = [&](int b) { return part_slot(partials, slot_elems, first_block, iters, strip_begin, b); };
-  save(slot(bid));
-  __threadfence();  // release: the partial is visible device-wide before the counter moves
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int done = atomicAdd(counter, 1);
-    const int last = done == bid_hi - bid_lo;
-    if (last) atomicExch(counter, 0);  // every participant has counted: leave the workspace zeroed
-    __threadfence();                   // acquire: the partials read below are not older than the count
-    s_last = last;
-  }
-  __syncthreads();
-  if (s_last) reduce(slot, bid_lo, bid_hi);
-}
-
-// finish_strip for a tile reduced into shared memory: each of its `entries` 8-column entries (entry e is in row
-// e / PER_ROW; rows from m_rows on are skipped) is read by gather(e, v) and written by store(e, v).
+// The end of a run inside one column strip for a tile met in shared memory (both mma.sync kernels): each of its
+// `entries` 8-column entries (entry e is in row e / PER_ROW; rows from m_rows on are skipped) is read by gather(e, v)
+// and written to C by store(e, v), or, when the run holds only part of the strip, saved row-major to `part`
+// (segment_part) for add_parts_kernel (RowParts).
 template <int THREADS, int PER_ROW, class Gather, class Store>
-__device__ __forceinline__ void write_strip(float* partials, int64_t slot_elems, int first_block, int* counter,
-                                            int& s_last, int bid, int iters, int strip_begin, int strip_end,
-                                            int seg_begin, int seg_end, int entries, int m_rows, Gather&& gather,
-                                            Store&& store) {
-  const int tid = threadIdx.x;
-  auto whole = [&] {
-    for (int e = tid; e < entries; e += THREADS) {
-      if (e / PER_ROW >= m_rows) continue;
-      float v[8];
-      gather(e, v);
+__device__ __forceinline__ void write_strip(float* part, int entries, int m_rows, Gather&& gather, Store&& store) {
+  for (int e = threadIdx.x; e < entries; e += THREADS) {
+    if (e / PER_ROW >= m_rows) continue;
+    float v[8];
+    gather(e, v);
+    if (part == nullptr) {
       store(e, v);
-    }
-  };
-  auto save = [&](float* mine) {
-    for (int e = tid; e < entries; e += THREADS) {
-      if (e / PER_ROW >= m_rows) continue;
-      float v[8];
-      gather(e, v);
-      float4* dst = reinterpret_cast<float4*>(mine + e * 8);
+    } else {
+      float4* dst = reinterpret_cast<float4*>(part + e * 8);
       dst[0] = make_float4(v[0], v[1], v[2], v[3]);
       dst[1] = make_float4(v[4], v[5], v[6], v[7]);
     }
-  };
-  auto reduce = [&](auto&& slot, int bid_lo, int bid_hi) {
-    for (int e = tid; e < entries; e += THREADS) {
-      if (e / PER_ROW >= m_rows) continue;
-      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      // unrolled so that several parts' loads are in flight at once: this runs at the very end of the launch
-#pragma unroll 4
-      for (int b = bid_lo; b <= bid_hi; ++b) {
-        const float4* src = reinterpret_cast<const float4*>(slot(b) + e * 8);
-        const float4 x = __ldcg(src), y = __ldcg(src + 1);
-        v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w;
-        v[4] += y.x, v[5] += y.y, v[6] += y.z, v[7] += y.w;
-      }
-      store(e, v);
-    }
-  };
-  finish_strip(partials, slot_elems, first_block, counter, s_last, bid, iters, strip_begin, strip_end, seg_begin,
-               seg_end, whole, save, reduce);
+  }
 }
 
 // The k warps' partial tiles of a block meet in shared memory at the end of a run. With SLICES == NK every k warp
@@ -539,6 +475,115 @@ __device__ __forceinline__ bool plan_run(int m, int n, int k, int rows, int cols
   return r.n_iter > 0;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Split column strips: the GEMM kernels save the parts, add_parts_kernel adds them after the launch (all kernels)
+// ---------------------------------------------------------------------------------------------------------------
+
+// Whether a launch leaves column strips in parts: blocks take runs of `iters` of the n_cols * k_tiles tiles
+// (plan_run), and a run boundary inside a strip splits it.
+inline bool splits_strips(int blocks_per_chunk, int n_cols, int k_tiles) {
+  const int total = n_cols * k_tiles;
+  const int iters = tiles_per_run(total, blocks_per_chunk);
+  return iters < total && iters % k_tiles != 0;
+}
+
+// Workspace slot (`elems` floats: one R x W tile) of block b's part of the strip that starts at tile strip_begin:
+// slot 0 of the block's pair when the part is its run's first segment, 1 when it is its last.
+__device__ __forceinline__ float* part_slot(float* partials, int elems, int first_block, int iters, int strip_begin,
+                                            int b) {
+  const int s = b * iters >= strip_begin ? 0 : 1;
+  return partials + (static_cast<int64_t>(first_block + b) * 2 + s) * elems;
+}
+
+// Where a run's segment [seg_begin, seg_end) of column strip col goes: nullptr when it covers the whole strip (the
+// block writes C), else the block's slot for its part of the strip.
+__device__ __forceinline__ float* segment_part(const Params& p, const Run& r, int elems, int col, int seg_begin,
+                                               int seg_end) {
+  const int strip_begin = col * r.k_tiles;
+  if (seg_begin == strip_begin && seg_end == strip_begin + r.k_tiles) return nullptr;
+  return part_slot(p.partials, elems, r.chunk * p.blocks_per_chunk, r.iters, strip_begin, r.bid);
+}
+
+// Column x's per-channel scale in the dense layout's permuted order (3.1 step 4: within 32 columns, column
+// 8q + 2i + b sits at 8i + 2q + b).
+__host__ __device__ __forceinline__ int permuted_scale(int x) {
+  const int r = x & 31;
+  return (x & ~31) + 8 * ((r & 7) >> 1) + 2 * (r >> 3) + (r & 1);
+}
+
+// How the mma.sync kernels save a part (write_strip): the R x W tile of config C row-major. For add_parts_kernel
+// (which takes a part's 8-row bands) thread t adds float4 t of a band: row t / (W / 4), columns 4 (t % (W / 4)) + e.
+// Per-channel scales are permuted (dense) or in column order (2:4).
+template <class C, bool PERMUTED>
+struct RowParts {
+  static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = 2 * W;
+  static __device__ __forceinline__ int64_t at(int band, int t) { return band * 2 * W + t; }
+  static __device__ __forceinline__ int row(int t, int) { return t / (W / 4); }
+  static __device__ __forceinline__ int col(int t, int e) { return 4 * (t % (W / 4)) + e; }
+  static __device__ __forceinline__ int scale(int x) { return PERMUTED ? permuted_scale(x) : x; }
+};
+
+// The split strips of a launch, added up after it on the same stream (it waits for the launch to complete): the
+// GEMM's blocks only save their parts, and the sums are spread over the whole GPU. Before, the block that completed
+// a strip's count added the parts alone, after a fence and an atomic (perf-log a1, q1). Block (chunk, col, band)
+// takes rows 8 band .. 8 band + 7 of strip col. L, the parts' layout (RowParts, RegisterParts): L::THREADS threads,
+// thread t adds float4 L::at(band, t) of each part in block order (so results do not depend on timing), its four
+// sums are element (L::row(t, e), L::col(t, e)) of the band, scaled per channel by the scale at L::scale(column);
+// they meet as fp16 in shared memory and go to C in 16-byte row chunks.
+template <class L, bool GROUPED>
+__global__ void __launch_bounds__(L::THREADS) add_parts_kernel(const Params p) {
+  constexpr int kPad = 8;  // halves: spreads the rows' 2-byte stores over the banks
+  __shared__ alignas(16) __half rows8[8][L::W + kPad];
+  grid_dependency_wait();
+  allow_dependents();  // the GEMM is done: the next kernel may take the SMs it left
+  const int n_cols = p.n / L::W;
+  const int band = blockIdx.x % (L::R / 8);
+  const int col = blockIdx.x / (L::R / 8) % n_cols;
+  const int chunk = blockIdx.x / (L::R / 8) / n_cols;
+  const int rows = min(L::R, p.m - chunk * L::R) - 8 * band;  // rows of this band that exist
+  const int k_tiles = p.k / L::DEPTH;
+  const int iters = tiles_per_run(n_cols * k_tiles, p.blocks_per_chunk);
+  const int strip_begin = col * k_tiles;
+  const int bid_lo = strip_begin / iters, bid_hi = (strip_begin + k_tiles - 1) / iters;
+  if (rows <= 0 || bid_lo == bid_hi) return;  // no rows, or the run that held the whole strip wrote it
+
+  const int t = threadIdx.x;
+  const int64_t at = L::at(band, t);
+  const int first_block = chunk * p.blocks_per_chunk;
+  float v[4] = {0.f, 0.f, 0.f, 0.f};
+  constexpr int kInFlight = 8;
+  for (int b0 = bid_lo; b0 <= bid_hi; b0 += kInFlight) {
+    float4 x[kInFlight];
+#pragma unroll
+    for (int q = 0; q < kInFlight; ++q) {
+      if (b0 + q <= bid_hi) {
+        x[q] = __ldcg(reinterpret_cast<const float4*>(
+                          part_slot(p.partials, L::R * L::W, first_block, iters, strip_begin, b0 + q)) +
+                      at);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kInFlight; ++q) {
+      if (b0 + q <= bid_hi) v[0] += x[q].x, v[1] += x[q].y, v[2] += x[q].z, v[3] += x[q].w;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int x = L::col(t, e);
+    const float s = GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[L::scale(col * L::W + x)]);
+    rows8[L::row(t, e)][x] = __float2half_rn(v[e] * s);
+  }
+  __syncthreads();
+  __half* const c = reinterpret_cast<__half*>(p.c) + (static_cast<int64_t>(chunk) * L::R + 8 * band) * p.n + col * L::W;
+  for (int e = t; e < 8 * (L::W / 8); e += L::THREADS) {
+    const int r = e / (L::W / 8), q = e % (L::W / 8);
+    if (r < rows) {
+      *reinterpret_cast<int4*>(c + static_cast<int64_t>(r) * p.n + 8 * q) =
+          *reinterpret_cast<const int4*>(&rows8[r][8 * q]);
+    }
+  }
+}
+
 // The main loop: a STAGES-deep ring of stages at shared-memory addresses ring + i * STAGE_BYTES, one cp.async
 // commit per iteration (empty ones included). It starts with the programmatic-dependent-launch handshake: the next
 // kernel may start at once when this grid takes every block slot (`early_dependents`: its blocks then only get the
@@ -595,7 +640,6 @@ __device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, bool early
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Params p) {
   extern __shared__ int4 smem[];
-  __shared__ int s_last;
   float* red = reinterpret_cast<float*>(smem + C::STAGES * C::STAGE);
 
   const int tid = threadIdx.x;
@@ -605,7 +649,7 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   const int k_warp = warp / C::NS;  // which slice of each stage's k16 tiles
 
   Run run;
-  if (!plan_run(p.m, p.n, p.k, C::R, C::W, 16 * C::KT, p.blocks_per_chunk, run)) return;
+  if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
   const int chunk = run.chunk, m_rows = run.m_rows, k_tiles = run.k_tiles;
 
   const int4* a_g = p.a + static_cast<int64_t>(chunk) * C::R * (p.k / 8);
@@ -765,9 +809,8 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
 #pragma unroll
       for (int x = 0; x < 8; ++x) v[x] = met<C::RED_SLICES>(src + x, C::RED);
     };
-    write_strip<kThreads, C::W / 8>(p.partials, kMaxTileElems, chunk * p.blocks_per_chunk,
-                                    p.counters + chunk * run.n_cols + col, s_last, run.bid, run.iters, col * k_tiles,
-                                    (col + 1) * k_tiles, seg_begin, seg_end, groups8, m_rows, gather, store);
+    write_strip<kThreads, C::W / 8>(segment_part(p, run, C::R * C::W, col, seg_begin, seg_end), groups8, m_rows,
+                                    gather, store);
     zero_acc();
   };
 
@@ -821,6 +864,22 @@ cudaError_t launch_opt_in(void (*kernel)(P...), bool& ready, int grid, int threa
   return launch_kernel(kernel, grid, threads, smem, device, stream, args...);
 }
 
+// A GEMM of `grid` blocks whose split column strips' parts are laid out as L says, started by launch(q), and
+// add_parts_kernel<L> after it when the launch leaves strips in parts; q is p (the kernel's Params, a 2:4 one
+// included) with the early start of the next kernel on in that case, since add_parts_kernel's blocks may wait beside
+// the GEMM's.
+template <class L, class P, class Launch>
+cudaError_t launch_with_parts(bool grouped, const P& p, int grid, int device, cudaStream_t stream, Launch&& launch) {
+  const int n_cols = p.n / L::W;
+  const bool split = splits_strips(p.blocks_per_chunk, n_cols, p.k / L::DEPTH);
+  P q = p;
+  q.early_dependents |= split;
+  if (const cudaError_t err = launch(q); err != cudaSuccess || !split) return err;
+  const int blocks = grid / p.blocks_per_chunk * n_cols * (L::R / 8);
+  return launch_kernel(grouped ? add_parts_kernel<L, true> : add_parts_kernel<L, false>, blocks, L::THREADS, 0, device,
+                       stream, static_cast<const Params&>(p));
+}
+
 // The checks both products make before any launch (k % 128, n % n_multiple, the device, the workspace); sets
 // lg_group from the group count (unit: depth of a k tile, 16 dense, 32 for 2:4).
 template <class Args>
@@ -834,15 +893,14 @@ cudaError_t check_args(const Args& g, int n_multiple, int unit, int* lg_group) {
 }
 
 // The host loop all products share. m is cut into chunks of `rows` rows, and up to 16 chunks run side by side in one
-// launch, each with its own share of the SMs (at most 16 keeps every chunk group at 8 or more blocks on the H200 and
-// its counters, par * n_cols, within kCounterInts). Fills p's operand fields from g (the caller sets any others) and
-// p.a, p.c, p.m per launch; launch(par) starts one group of par chunks.
+// launch, each with its own share of the SMs (at most 16 keeps every chunk group at 8 or more blocks on the H200).
+// Fills p's operand fields from g (the caller sets any others) and p.a, p.c, p.m per launch; launch(par) starts one
+// group of par chunks.
 template <class P, class Args, class Launch>
-cudaError_t run_chunk_groups(P& p, const Args& g, const void* a, int lg_group, int rows, int n_cols, Launch&& launch) {
+cudaError_t run_chunk_groups(P& p, const Args& g, const void* a, int lg_group, int rows, Launch&& launch) {
   p.b = static_cast<const int4*>(g.b);
   p.s = static_cast<const int4*>(g.s);
-  p.counters = g.workspace;
-  p.partials = reinterpret_cast<float*>(g.workspace + kCounterInts);
+  p.partials = reinterpret_cast<float*>(g.workspace);
   p.n = g.n;
   p.k = g.k;
   p.lg_group = lg_group;
@@ -850,7 +908,6 @@ cudaError_t run_chunk_groups(P& p, const Args& g, const void* a, int lg_group, i
   const int max_par = g.sms >= 16 ? 16 : g.sms;
   for (int c0 = 0; c0 < chunks; c0 += max_par) {
     const int par = chunks - c0 < max_par ? chunks - c0 : max_par;
-    if (static_cast<int64_t>(par) * n_cols > kCounterInts) return cudaErrorInvalidValue;
     const int64_t row0 = static_cast<int64_t>(c0) * rows;
     p.a = static_cast<const int4*>(a) + row0 * (g.k / 8);
     p.c = static_cast<int4*>(g.c) + row0 * (g.n / 8);
@@ -861,10 +918,13 @@ cudaError_t run_chunk_groups(P& p, const Args& g, const void* a, int lg_group, i
   return cudaSuccess;
 }
 
-template <class C, bool GROUPED>
-cudaError_t launch(const Params& p, int grid, int device, cudaStream_t stream) {
-  static bool ready[kMaxDevices] = {};
-  return launch_opt_in(gemm_kernel<C, GROUPED>, ready[device], grid, kThreads, C::SMEM, device, stream, p);
+template <class C>
+cudaError_t launch(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+  static bool ready[2][kMaxDevices] = {};
+  return launch_with_parts<RowParts<C, true>>(grouped, p, grid, device, stream, [&](const Params& q) {
+    return launch_opt_in(grouped ? gemm_kernel<C, true> : gemm_kernel<C, false>, ready[grouped][device], grid,
+                         kThreads, C::SMEM, device, stream, q);
+  });
 }
 
 // Tile shapes: small m streams 128 x 128 tiles (two strips, 4 k warps each: the deep k split keeps 8 warps busy on
@@ -876,12 +936,6 @@ struct Choice {
 
 template <int ROWS, int NS, int STAGES>
 using CfgFor = Cfg<ROWS, NS, NS == 4 ? 4 : 8, STAGES>;
-
-template <int ROWS, int NS, int STAGES>
-inline cudaError_t launch_cfg(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  return grouped ? launch<CfgFor<ROWS, NS, STAGES>, true>(p, grid, device, stream)
-                 : launch<CfgFor<ROWS, NS, STAGES>, false>(p, grid, device, stream);
-}
 
 // Every combination choose() can pick (rows, strips, stages), in the order it prefers them for a given chunk height;
 // no other is compiled. Chunks of <= 32 rows take 4 stages (<= 16 rows: 3 on short runs), taller ones 8, and 64-row
@@ -989,7 +1043,7 @@ cudaError_t launch_mb(const Choice& c, bool grouped, const Params& p, int grid, 
 #define MARLIN_LAUNCH_IF(ROWS, NS, ST)                                         \
   if constexpr ((ROWS + 15) / 16 == MB) {                                     \
     if (c.rows == ROWS && c.ns == NS && c.stages == ST) {                     \
-      return launch_cfg<ROWS, NS, ST>(grouped, p, grid, device, stream);      \
+      return launch<CfgFor<ROWS, NS, ST>>(grouped, p, grid, device, stream);   \
     }                                                                         \
   }
   MARLIN_CONFIGS(MARLIN_LAUNCH_IF)

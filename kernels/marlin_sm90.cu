@@ -34,18 +34,14 @@ namespace detail {
 
 // Where thread tid's accumulators land (wgmma_run, add_parts_kernel): element 4i + e of the j-th wgmma's tile is
 // output column x0(col, tid) + of(j, e / 2) of column strip col, i.e. 16 (NS warp + j) + 8(e / 2) + lane / 4 of the
-// block's tile; per-channel scales are permuted (3.1 step 4: within 32 columns, column 8q + 2i + b sits at
-// 8i + 2q + b).
+// block's tile; per-channel scales are permuted (permuted_scale).
 template <class C>
 struct DenseCols {
   static __device__ __forceinline__ int x0(int col, int tid) {
     return col * C::W + 16 * C::NS * (tid / 32) + tid % 32 / 4;
   }
   static __device__ __forceinline__ int of(int j, int h) { return 16 * j + 8 * h; }
-  static __device__ __forceinline__ int scale(int x) {
-    const int r = x & 31;
-    return (x & ~31) + 8 * ((r & 7) >> 1) + 2 * (r >> 3) + (r & 1);
-  }
+  static __device__ __forceinline__ int scale(int x) { return permuted_scale(x); }
 };
 
 template <class C, bool GROUPED>
@@ -188,7 +184,7 @@ cudaError_t launch_rows(bool grouped, const Params& p, int grid, int device, cud
   if (C::A_TMA) {
     if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
   }
-  return launch_with_parts<C, DenseCols<C>, C::NS>(grouped, p, grid, device, stream, [&](const Params& q) {
+  return launch_with_parts<RegisterParts<C, DenseCols<C>, C::NS>>(grouped, p, grid, device, stream, [&](const Params& q) {
     return launch_opt_in(grouped ? gemm_sm90_kernel<C, true> : gemm_sm90_kernel<C, false>, ready[grouped][device],
                          grid, C::THREADS, C::SMEM, device, stream, q, map);
   });

@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA (wgmma) pieces shared by the dense and the 2:4 wgmma kernels (marlin_sm90.cu,
-// marlin24_sm90.cu): PTX wrappers, and their common main loop and end (wgmma_run): the split-k finish of a
-// tile held in a warpgroup's registers, the parts added after the run, the C stores.
+// marlin24_sm90.cu): PTX wrappers, their common main loop and end (wgmma_run: a whole strip to C, a part of one saved
+// from the registers) and RegisterParts, the parts' layout for add_parts_kernel.
 // Only compiled into code for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); for other targets this header adds nothing.
 #pragma once
 
@@ -158,8 +158,8 @@ __device__ __forceinline__ void store_registers(__half* c, int n, int rows, cons
 // The main loop and end of both wgmma kernels for config C: the ring loop over the run's tiles (load(st) copies a
 // stage, ready() makes this thread's view of it visible to wgmma, compute(st) consumes it) and the end of each
 // column strip the run reaches: a whole strip goes straight to C (columns by Cols), a part of one is saved to its
-// workspace slot in register order (float4 v of tile j at (j * ACC / 4 + v) * THREADS + tid) for add_parts_kernel,
-// which the host launches after this kernel when strips are split.
+// workspace slot in register order (RegisterParts) for add_parts_kernel, which the host launches after this kernel
+// when strips are split.
 template <class C, class Cols, bool GROUPED, int J, class Load, class Ready, class Compute>
 __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4* smem, float (&acc)[J][C::ACC],
                                           Load&& load, Ready&& ready, Compute&& compute) {
@@ -168,15 +168,14 @@ __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4*
   const int tid = threadIdx.x;
   auto finish = [&](int col, int seg_begin, int seg_end) {
     wgmma_wait<0>();
-    const int strip_begin = col * run.k_tiles;
-    if (seg_begin == strip_begin && seg_end == strip_begin + run.k_tiles) {
+    float* const part = segment_part(p, run, C::R * C::W, col, seg_begin, seg_end);
+    if (part == nullptr) {
       const int x0 = Cols::x0(col, tid);
       store_registers<Cols, C::R>(c_g + x0, p.n, run.m_rows, acc, [&](int j, int h) {
         return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[Cols::scale(x0 + Cols::of(j, h))]);
       });
     } else {
-      float4* dst = reinterpret_cast<float4*>(part_slot(p.partials, kMaxTileElems, run.chunk * p.blocks_per_chunk,
-                                                        run.iters, strip_begin, run.bid));
+      float4* dst = reinterpret_cast<float4*>(part);
 #pragma unroll
       for (int j = 0; j < J; ++j)
 #pragma unroll
@@ -195,92 +194,22 @@ __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4*
 
 #endif
 
-// Whether a wgmma launch leaves column strips in parts: blocks take runs of `iters` of the n_cols * k_tiles tiles
-// (plan_run), and a run boundary inside a strip splits it.
-inline bool splits_strips(const Params& p, int n_cols, int k_tiles) {
-  const int total = n_cols * k_tiles;
-  const int iters = tiles_per_run(total, p.blocks_per_chunk);
-  return iters < total && iters % k_tiles != 0;
-}
-
-// The split strips of a wgmma launch, added up after it on the same stream (it waits for the launch to complete).
-// The parts of a strip are all there by then, so this spreads the sums over the whole GPU, where the block that
-// completed a strip's count used to add them alone at one SM's L2 read rate (perf-log a1). Block (chunk, col, i)
-// takes rows 8i .. 8i + 7 of strip col: its thread (j, t) adds float4 i of tile j of the GEMM's thread t over the
-// strip's parts in block order (so results do not depend on timing), the sums meet as fp16 in shared memory and go
-// to C in 16-byte row chunks. T: the GEMM's wgmma tiles per thread.
-template <class C, class Cols, int T, bool GROUPED>
-__global__ void __launch_bounds__(C::THREADS* T) add_parts_kernel(const Params p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kPad = 8;  // halves: spreads the rows' 2-byte stores over the banks
-  __shared__ alignas(16) __half rows8[8][C::W + kPad];
-  grid_dependency_wait();
-  allow_dependents();  // the GEMM is done: the next kernel may take the SMs it left
-  const int n_cols = p.n / C::W;
-  const int i = blockIdx.x % (C::R / 8);
-  const int col = blockIdx.x / (C::R / 8) % n_cols;
-  const int chunk = blockIdx.x / (C::R / 8) / n_cols;
-  const int rows = min(C::R, p.m - chunk * C::R) - 8 * i;  // rows of this band that exist
-  const int k_tiles = p.k / C::DEPTH;
-  const int iters = tiles_per_run(n_cols * k_tiles, p.blocks_per_chunk);
-  const int strip_begin = col * k_tiles;
-  const int bid_lo = strip_begin / iters, bid_hi = (strip_begin + k_tiles - 1) / iters;
-  if (rows <= 0 || bid_lo == bid_hi) return;  // no rows, or the run that held the whole strip wrote it
-
-  const int t = threadIdx.x % C::THREADS, j = threadIdx.x / C::THREADS;
-  const int64_t at = (j * C::ACC / 4 + i) * C::THREADS + t;
-  const int first_block = chunk * p.blocks_per_chunk;
-  float v[4] = {0.f, 0.f, 0.f, 0.f};
-  constexpr int kInFlight = 8;
-  for (int b0 = bid_lo; b0 <= bid_hi; b0 += kInFlight) {
-    float4 x[kInFlight];
-#pragma unroll
-    for (int q = 0; q < kInFlight; ++q) {
-      if (b0 + q <= bid_hi) {
-        x[q] = __ldcg(reinterpret_cast<const float4*>(
-                          part_slot(p.partials, kMaxTileElems, first_block, iters, strip_begin, b0 + q)) +
-                      at);
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kInFlight; ++q) {
-      if (b0 + q <= bid_hi) v[0] += x[q].x, v[1] += x[q].y, v[2] += x[q].z, v[3] += x[q].w;
-    }
+// How the wgmma kernels save a part (wgmma_run): in register order, float4 v of wgmma tile j of thread tid at
+// (j * ACC / 4 + v) * THREADS + tid. For add_parts_kernel (8-row bands: float4 `band` of each tile) thread
+// t = j * THREADS + tid takes tile j of GEMM thread tid: element e is row 2 (tid % 4) + e % 2 of the band, column
+// of(j, e / 2) from the thread's first (Cols, the kernel's column map). T: wgmma tiles per thread.
+template <class C, class Cols, int T>
+struct RegisterParts {
+  static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = C::THREADS * T;
+  static __device__ __forceinline__ int64_t at(int band, int t) {
+    return (t / C::THREADS * C::ACC / 4 + band) * C::THREADS + t % C::THREADS;
   }
-  // element e: row 2(t % 4) + e % 2 of the band, column Cols::of(j, e / 2) from the thread's first
-  const int x0 = Cols::x0(col, t);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int x = x0 + Cols::of(j, e / 2);
-    const float s = GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[Cols::scale(x)]);
-    rows8[2 * (t % 4) + e % 2][x - col * C::W] = __float2half_rn(v[e] * s);
+  static __device__ __forceinline__ int row(int t, int e) { return 2 * (t % 4) + e % 2; }
+  static __device__ __forceinline__ int col(int t, int e) {
+    return Cols::x0(0, t % C::THREADS) + Cols::of(t / C::THREADS, e / 2);
   }
-  __syncthreads();
-  __half* const c = reinterpret_cast<__half*>(p.c) + (static_cast<int64_t>(chunk) * C::R + 8 * i) * p.n + col * C::W;
-  for (int e = threadIdx.x; e < 8 * (C::W / 8); e += C::THREADS * T) {
-    const int r = e / (C::W / 8), q = e % (C::W / 8);
-    if (r < rows) {
-      *reinterpret_cast<int4*>(c + static_cast<int64_t>(r) * p.n + 8 * q) =
-          *reinterpret_cast<const int4*>(&rows8[r][8 * q]);
-    }
-  }
-#endif
-}
-
-// A wgmma GEMM of `grid` blocks for config C, started by launch(q), and add_parts_kernel after it when the launch
-// leaves strips in parts; q is p (the kernel's Params, a 2:4 one included) with the early start of the next kernel
-// on in that case, since add_parts_kernel's blocks may wait beside the GEMM's.
-template <class C, class Cols, int T, class P, class Launch>
-cudaError_t launch_with_parts(bool grouped, const P& p, int grid, int device, cudaStream_t stream, Launch&& launch) {
-  const int n_cols = p.n / C::W;
-  const bool split = splits_strips(p, n_cols, p.k / C::DEPTH);
-  P q = p;
-  q.early_dependents |= split;
-  if (const cudaError_t err = launch(q); err != cudaSuccess || !split) return err;
-  const int blocks = grid / p.blocks_per_chunk * n_cols * (C::R / 8);
-  return launch_kernel(grouped ? add_parts_kernel<C, Cols, T, true> : add_parts_kernel<C, Cols, T, false>, blocks,
-                       C::THREADS * T, 0, device, stream, static_cast<const Params&>(p));
-}
+  static __device__ __forceinline__ int scale(int x) { return Cols::scale(x); }
+};
 
 }  // namespace detail
 }  // namespace marlin_cli

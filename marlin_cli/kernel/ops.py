@@ -16,8 +16,7 @@ from marlin_cli.config import GROUP_SIZES as CONFIG_GROUP_SIZES
 from marlin_cli.errors import KernelUnavailable, ShapeError
 from marlin_cli.kernel import build, reference
 
-# Mirrors kernels/marlin.h: completion counters, then two fp32 partial tiles of 64 x 256 per block (both kernels).
-_COUNTER_INTS = 1 << 16
+# Mirrors kernels/marlin.h: two fp32 partial tiles of 64 x 256 per block (both kernels).
 _TILE_ELEMS = 64 * 256
 GROUP_SIZES = tuple(g for g in CONFIG_GROUP_SIZES if g > 0)  # grouped scales; one row means per channel
 
@@ -136,7 +135,7 @@ def _ensure_loaded() -> None:
 
 
 def workspace(device: torch.device) -> torch.Tensor:
-    """The zeroed int32 workspace of `device` (counters the kernel returns to zero, then partial tiles)."""
+    """The int32 workspace of `device`: where the kernels keep the parts of split column strips."""
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     with _lock:
@@ -144,7 +143,7 @@ def workspace(device: torch.device) -> torch.Tensor:
         if ws is None:
             sms = torch.cuda.get_device_properties(index).multi_processor_count
             # two blocks per SM at most: two partial slots each
-            ws = torch.zeros(_COUNTER_INTS + 2 * sms * 2 * _TILE_ELEMS, dtype=torch.int32, device=f"cuda:{index}")
+            ws = torch.zeros(2 * sms * 2 * _TILE_ELEMS, dtype=torch.int32, device=f"cuda:{index}")
             _workspaces[index] = ws
         return ws
 

@@ -139,7 +139,7 @@ def test_chained_layers_read_the_previous_output(m: int, graph: bool) -> None:
 
     On the H200 every launch may start before the previous kernel has completed (programmatic dependent launch);
     a read of A, or of the shared workspace, ahead of the kernel's wait would see the NaN poison, an empty graph
-    buffer or the previous run's counters. m = 1100 takes two launches per call (more than 16 chunks of 64 rows).
+    buffer or the previous run's parts. m = 1100 takes two launches per call (more than 16 chunks of 64 rows).
     Scales are cut to 1/4 so the activations stay in fp16 range across the chain."""
     shapes = ((4096, 12288), (12288, 4096), (4096, 12288), (12288, 4096))
     layers, weights = [], []
@@ -238,15 +238,20 @@ def test_hopper_runs_the_wgmma_kernel_above_16_rows() -> None:
 
 
 def test_split_strips_are_added_by_a_second_kernel() -> None:
-    """The wgmma kernels save the parts of column strips that several blocks' runs share, and add_parts_kernel adds
-    them after the launch (perf-log a1); when every run holds whole strips (k = 128: two 64-deep tiles per strip, two
-    per run over every block slot) only the GEMM runs."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma kernel needs compute capability 9.0")
+    """Every kernel saves the parts of column strips that several blocks' runs share, and add_parts_kernel adds them
+    after the launch (perf-log a1, q1); when every run holds whole strips only the GEMM runs. Split: one strip in
+    parts (dense m = 1 and 2:4 m = 16 on the mma.sync kernels, m = 128 on the wgmma kernel); whole: k = 128 (one or
+    two tiles per strip) over more strips than block slots."""
     slots = 2 * torch.cuda.get_device_properties(0).multi_processor_count
-    split, whole = _kernels_launched(128, 2048, 128), _kernels_launched(65, 128, 128 * slots)
-    assert "gemm_sm90_kernel" in split and "add_parts_kernel" in split  # one strip in 8 parts
-    assert "gemm_sm90_kernel" in whole and "add_parts_kernel" not in whole
+    wide = 256 * slots
+    for m, k, n in ((1, 4096, 128), (128, 2048, 128)):
+        split = _kernels_launched(m, k, n)
+        assert "add_parts_kernel" in split, f"m={m}: {split}"
+    a, b24, meta, s24 = random_operands24(16, 4096, 128, 128)
+    assert "add_parts_kernel" in kernels_launched(lambda: ops.gemm24(a, b24, meta, s24))
+    for m in (1, 65):
+        whole = _kernels_launched(m, 128, wide)
+        assert "add_parts_kernel" not in whole, f"m={m}: {whole}"
 
 
 def test_short_runs_take_three_stages() -> None:
