@@ -45,7 +45,7 @@ struct Choice {
 // Every compiled configuration (TT, NS, KQ, STAGES): the ones `choose` can pick.
 #define MARLIN24_CONFIGS(X)                                                                     \
   X(1, 1, 2, 4) X(1, 1, 1, 4)                                                                    \
-  X(2, 2, 2, 4) X(2, 2, 1, 4) X(2, 1, 2, 4) X(2, 1, 1, 4)                                        \
+  X(2, 1, 2, 4) X(2, 1, 1, 4)                                                                    \
   X(4, 2, 2, 8) X(4, 2, 1, 8) X(4, 1, 2, 8) X(4, 1, 1, 8)                                        \
   X(4, 2, 2, 4) X(4, 2, 1, 4) X(4, 1, 2, 4) X(4, 1, 1, 4)
 
@@ -69,12 +69,13 @@ cudaError_t launch_choice(const Choice& c, bool grouped, const Params& p, int pa
   return cudaErrorInvalidConfiguration;
 }
 
-// 8-row tiles of A by m (one 8-row tile at m <= 8: no work on rows that do not exist); 256-column blocks of 8 warps
-// for m > 8, 128-column blocks of 4 warps at m <= 8 (perf-log s2, s4); two k32 rows per warp per stage where k
-// allows; the deepest ring that fits the shared memory.
+// 8-row tiles of A by m (one 8-row tile at m <= 8: no work on rows that do not exist); 128-column blocks of 4 warps
+// at m <= 16 (three blocks per SM at 16 rows: 7B M = 16 -7% against 256-column blocks of 8 warps, one per SM;
+// perf-log s2, s4, q2), 256-column blocks of 8 warps above; two k32 rows per warp per stage where k allows; the
+// deepest ring that fits the shared memory.
 bool choose(int m, int n, int k, int smem_cap, Choice* out) {
   const int tt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
-  const int ns_want = tt == 1 ? 1 : 2;
+  const int ns_want = tt == 4 ? 2 : 1;
   const int kq = k % 256 == 0 ? 2 : 1;
   for (int ns = n % (128 * ns_want) == 0 ? ns_want : 1; ns >= 1; --ns) {
     for (int stages : {8, 4}) {

@@ -101,7 +101,7 @@ def _kernels_launched(m: int, n: int) -> str:
 
 def test_hopper_runs_the_wgmma_sp_kernel_above_16_rows() -> None:
     """On compute capability 9.0, m > 16 runs on the wgmma.sp kernel: 64-row chunks by 256 columns where 256-column
-    strips fill most of the GPU, else by 128; m <= 16 on the mma.sp kernel."""
+    strips fill most of the GPU, else by 128; m <= 16 on the mma.sp kernel, 16 rows by 128 columns (perf-log q2)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
     small, least, wide, narrow, odd, tall = (
@@ -113,6 +113,7 @@ def test_hopper_runs_the_wgmma_sp_kernel_above_16_rows() -> None:
         _kernels_launched(200, 512),
     )
     assert "gemm24_kernel<" in small and "gemm24_sm90_kernel" not in small
+    assert "Cfg<2, 1, " in small  # TT = 2 eight-row tiles, NS = 1 strip of 128 columns
     assert "gemm24_sm90_kernel" in least
     assert "Sm90Cfg<256>" in wide
     assert "Sm90Cfg<128>" in narrow and "Sm90Cfg<128>" in odd and "Sm90Cfg<128>" in tall
