@@ -103,7 +103,7 @@ template <class C>
 struct SparseCols {
   static __device__ __forceinline__ int x0(int col, int tid) {
     const int warp = tid / 32;
-    return col * C::W + warp * C::NS / 4 * 128 + 16 * (tid % 32 / 4) + warp % (4 / C::NS) * C::NS;
+    return col * C::W + warp_strip<C::NS>(warp) * 128 + 16 * (tid % 32 / 4) + warp_word0<C::NS>(warp);
   }
   static __device__ __forceinline__ int of(int u, int h) { return u / 2 + 4 * (u % 2) + 8 * h; }
   static __device__ __forceinline__ int scale(int x) { return x; }
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
   const int lane = tid % 32;
   const int warp = tid / 32;
   // this warp's tiles: words [word0, word0 + J) of its lanes' chunks of 128-column strip `strip`
-  const int strip = warp * C::NS / 4, word0 = warp % (4 / C::NS) * C::NS;
+  const int strip = warp_strip<C::NS>(warp), word0 = warp_word0<C::NS>(warp);
   const int g = lane / 4, t = lane % 4;
 
   Run run;

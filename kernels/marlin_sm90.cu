@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(C::THREADS, 2)
   const int lane = tid % 32;
   const int warp = tid / 32;
   // this warp's weights: words [word0, word0 + J) of its lanes' 16 bytes of 64-column strip `strip`
-  const int strip = warp * C::NS / 4, word0 = warp % (4 / C::NS) * C::NS;
+  const int strip = warp_strip<C::NS>(warp), word0 = warp_word0<C::NS>(warp);
 
   Run run;
   if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;

@@ -9,6 +9,14 @@
 namespace marlin_cli {
 namespace detail {
 
+// The part of a block's NS strips (the layout's 64-column dense ones, or 128-column 2:4 ones) that warp w of the
+// warpgroup takes: strip w NS / 4 and, of each of its lanes' 16-byte chunks, NS words from word0 (with four strips a
+// warp takes a whole one; with fewer, 4 / NS warps share a strip).
+template <int NS>
+__device__ __forceinline__ int warp_strip(int w) { return w * NS / 4; }
+template <int NS>
+__device__ __forceinline__ int warp_word0(int w) { return w % (4 / NS) * NS; }
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // Shared-memory matrix descriptor of the A tile for wgmma: K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart.

@@ -86,6 +86,11 @@ def poison(m: int, n: int) -> None:
     del t
 
 
+def block_slots() -> int:
+    """Blocks the GPU holds at once at the kernels' two per SM (kMaxBlocksPerSm in kernels/marlin.h)."""
+    return 2 * torch.cuda.get_device_properties(0).multi_processor_count
+
+
 def kernels_launched(run: Callable[[], object]) -> str:
     """The names of the CUDA kernels one call of `run` launches, after a warm-up call (build, first launch)."""
     run()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gpu_helpers import (
+    block_slots,
     dequantize_gpu,
     kernels_launched,
     poison,
@@ -242,7 +243,7 @@ def test_split_strips_are_added_by_a_second_kernel() -> None:
     after the launch (perf-log a1, q1); when every run holds whole strips only the GEMM runs. Split: one strip in
     parts (dense m = 1 and 2:4 m = 16 on the mma.sync kernels, m = 128 on the wgmma kernel); whole: k = 128 (one or
     two tiles per strip) over more strips than block slots."""
-    slots = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    slots = block_slots()
     wide = 256 * slots
     for m, k, n in ((1, 4096, 128), (128, 2048, 128)):
         split = _kernels_launched(m, k, n)
@@ -257,7 +258,7 @@ def test_split_strips_are_added_by_a_second_kernel() -> None:
 def test_short_runs_take_three_stages() -> None:
     """Chunks of <= 16 rows take a 3-stage ring when no block's run is longer than 32 tiles (128 columns x 128 deep),
     else 4 (perf-log f2)."""
-    slots = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    slots = block_slots()
     wide = 128 * (slots + 1)  # slots + 1 strips of 32 tiles each at k = 4096: more than 32 tiles per block
     short8, short16, long8, long16 = (
         _kernels_launched(1, 4096, 4096),
