@@ -512,11 +512,12 @@ __host__ __device__ __forceinline__ int permuted_scale(int x) {
 }
 
 // How the mma.sync kernels save a part (write_strip): the R x W tile of config C row-major. For add_parts_kernel
-// (which takes a part's 8-row bands) thread t adds float4 t of a band: row t / (W / 4), columns 4 (t % (W / 4)) + e.
-// Per-channel scales are permuted (dense) or in column order (2:4).
+// (which takes a part's 8-row bands) thread t adds float4 t of a band: row t / (W / 4), columns 4 (t % (W / 4)) + e,
+// which it writes to C itself (not STAGED). Per-channel scales are permuted (dense) or in column order (2:4).
 template <class C, bool PERMUTED>
 struct RowParts {
   static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = 2 * W;
+  static constexpr bool STAGED = false;
   static __device__ __forceinline__ int64_t at(int band, int t) { return band * 2 * W + t; }
   static __device__ __forceinline__ int row(int t, int) { return t / (W / 4); }
   static __device__ __forceinline__ int col(int t, int e) { return 4 * (t % (W / 4)) + e; }
@@ -529,11 +530,10 @@ struct RowParts {
 // takes rows 8 band .. 8 band + 7 of strip col. L, the parts' layout (RowParts, RegisterParts): L::THREADS threads,
 // thread t adds float4 L::at(band, t) of each part in block order (so results do not depend on timing), its four
 // sums are element (L::row(t, e), L::col(t, e)) of the band, scaled per channel by the scale at L::scale(column);
-// they meet as fp16 in shared memory and go to C in 16-byte row chunks.
+// where a thread's four are not consecutive columns of a row (L::STAGED), they meet as fp16 in shared memory and go to
+// C in 16-byte row chunks. Threads whose values are all in rows past m load nothing.
 template <class L, bool GROUPED>
 __global__ void __launch_bounds__(L::THREADS) add_parts_kernel(const Params p) {
-  constexpr int kPad = 8;  // halves: spreads the rows' 2-byte stores over the banks
-  __shared__ alignas(16) __half rows8[8][L::W + kPad];
   grid_dependency_wait();
   allow_dependents();  // the GEMM is done: the next kernel may take the SMs it left
   const int n_cols = p.n / L::W;
@@ -548,11 +548,14 @@ __global__ void __launch_bounds__(L::THREADS) add_parts_kernel(const Params p) {
   if (rows <= 0 || bid_lo == bid_hi) return;  // no rows, or the run that held the whole strip wrote it
 
   const int t = threadIdx.x;
+  bool mine = false;  // some of the thread's values are in rows that exist
+#pragma unroll
+  for (int e = 0; e < 4; ++e) mine |= L::row(t, e) < rows;
   const int64_t at = L::at(band, t);
   const int first_block = chunk * p.blocks_per_chunk;
   float v[4] = {0.f, 0.f, 0.f, 0.f};
   constexpr int kInFlight = 8;
-  for (int b0 = bid_lo; b0 <= bid_hi; b0 += kInFlight) {
+  for (int b0 = bid_lo; mine && b0 <= bid_hi; b0 += kInFlight) {
     float4 x[kInFlight];
 #pragma unroll
     for (int q = 0; q < kInFlight; ++q) {
@@ -567,19 +570,31 @@ __global__ void __launch_bounds__(L::THREADS) add_parts_kernel(const Params p) {
       if (b0 + q <= bid_hi) v[0] += x[q].x, v[1] += x[q].y, v[2] += x[q].z, v[3] += x[q].w;
     }
   }
+  alignas(8) __half h[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const int x = L::col(t, e);
     const float s = GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[L::scale(col * L::W + x)]);
-    rows8[L::row(t, e)][x] = __float2half_rn(v[e] * s);
+    h[e] = __float2half_rn(v[e] * s);
   }
-  __syncthreads();
   __half* const c = reinterpret_cast<__half*>(p.c) + (static_cast<int64_t>(chunk) * L::R + 8 * band) * p.n + col * L::W;
-  for (int e = t; e < 8 * (L::W / 8); e += L::THREADS) {
-    const int r = e / (L::W / 8), q = e % (L::W / 8);
-    if (r < rows) {
-      *reinterpret_cast<int4*>(c + static_cast<int64_t>(r) * p.n + 8 * q) =
-          *reinterpret_cast<const int4*>(&rows8[r][8 * q]);
+  if constexpr (!L::STAGED) {
+    if (mine) {
+      *reinterpret_cast<uint2*>(c + static_cast<int64_t>(L::row(t, 0)) * p.n + L::col(t, 0)) =
+          *reinterpret_cast<const uint2*>(h);
+    }
+  } else {
+    constexpr int kPad = 8;  // halves: spreads the rows' 2-byte stores over the banks
+    __shared__ alignas(16) __half rows8[8][L::W + kPad];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) rows8[L::row(t, e)][L::col(t, e)] = h[e];
+    __syncthreads();
+    for (int e = t; e < 8 * (L::W / 8); e += L::THREADS) {
+      const int r = e / (L::W / 8), q = e % (L::W / 8);
+      if (r < rows) {
+        *reinterpret_cast<int4*>(c + static_cast<int64_t>(r) * p.n + 8 * q) =
+            *reinterpret_cast<const int4*>(&rows8[r][8 * q]);
+      }
     }
   }
 }

@@ -209,6 +209,7 @@ __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4*
 template <class C, class Cols, int T>
 struct RegisterParts {
   static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = C::THREADS * T;
+  static constexpr bool STAGED = true;
   static __device__ __forceinline__ int64_t at(int band, int t) {
     return (t / C::THREADS * C::ACC / 4 + band) * C::THREADS + t % C::THREADS;
   }
