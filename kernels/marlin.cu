@@ -96,11 +96,11 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
     a = g.a_perm;
   }
 
-  // m > 16 on an sm_90a build and a Hopper GPU: the wgmma kernel with the tile sm90_tile() picks; otherwise the
-  // sm_80 kernel with the tile choose() picks.
+  // An sm_90a build on a Hopper GPU: the wgmma kernel with the tile sm90_tile() picks; otherwise (or where no wgmma
+  // tile fits) the sm_80 kernel with the tile choose() picks.
   const int slots = g.sms * kMaxBlocksPerSm;
-  const Sm90Tile tile = sm90_tile(g.m, g.n, slots);
-  const bool sm90 = g.m > kSm90AboveRows && tile.cols > 0 && has_wgmma(g.device);
+  const Sm90Tile tile = sm90_tile(g.m, g.n, slots, grouped && g.k / g.groups == 32);
+  const bool sm90 = tile.cols > 0 && has_wgmma(g.device);
   Choice choice{};
   if (!sm90 && !choose(g.m, g.n, g.k, slots, max_smem(g.device), &choice)) {
     return cudaErrorInvalidConfiguration;
@@ -112,7 +112,7 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
   Params p;
   return run_chunk_groups(p, g, a, lg_group, rows, [&](int par) {
     const int grid = size_grid(p, par,
-                               sm90 ? sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / Sm90Cfg<64>::DEPTH)
+                               sm90 ? sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / Sm90Cfg<64>::DEPTH, tile.rows)
                                     : g.sms * blocks_per_sm / par,
                                g.sms * blocks_per_sm);
     return sm90 ? launch_sm90(tile, grouped, p, grid, g.device, stream)

@@ -971,17 +971,25 @@ MARLIN_DECLARE_LAUNCHER(2)
 MARLIN_DECLARE_LAUNCHER(3)
 MARLIN_DECLARE_LAUNCHER(4)
 
-// The wgmma kernels (sm_90a) take m > kSm90AboveRows: from 17 rows their 64-row chunks, three quarters empty, run
-// faster than the mma.sync kernels' 32-row ones (7B set at m = 32: 105.5 -> ~87 us; perf-log a3).
+// The 2:4 wgmma.sp kernel (sm_90a) takes m > kSm90AboveRows: from 17 rows its 64-row chunks, three quarters empty,
+// run faster than the mma.sp kernel's 32-row ones, as the dense wgmma kernel's did (7B set at m = 32: 105.5 -> ~87 us;
+// perf-log a3).
 constexpr int kSm90AboveRows = 16;
 
-// Columns of the wgmma kernel's widest tile for R-row chunks: 128 fp32 accumulators per thread.
-constexpr int sm90_cols(int rows) { return 64 * 256 / rows; }
+// Columns of the wgmma kernel's widest tile for R-row chunks: 128 fp32 accumulators per thread, at most 256 columns.
+constexpr int sm90_cols(int rows) { return rows <= 64 ? 256 : 64 * 256 / rows; }
 
-// The wgmma kernel for m > 16 on sm_90a (marlin_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n) by
-// W-column tiles, 64-deep stages. 64 x 256 and 128 x 128 hold 128 fp32 accumulators per thread; 128-row chunks
+// Shared memory per SM on the H200 (Hopper), and what the device reserves per block.
+constexpr int kSm90SmemPerSm = 228 * 1024;
+constexpr int kSmemReservePerBlock = 1024;
+
+// The wgmma kernel on sm_90a (marlin_sm90.cu): one warpgroup per block, two blocks per SM, R-row chunks (wgmma's n)
+// by W-column tiles, 64-deep stages. 64 x 256 and 128 x 128 hold 128 fp32 accumulators per thread; 128-row chunks
 // (m > 64) use each dequantized weight for twice the rows, so they dequantize half as often per product (perf-log
 // w4). 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column tiles to fill the GPU (sm90_tile).
+// 16-row chunks (OFFSET) hold 8 accumulators per wgmma: there the weights enter wgmma still offset (1024 + q,
+// 64 + q: no subtract and no fp16 scaling per weight) and each stage's fp32 sums are corrected and scaled once, as
+// the mma.sync kernel's 8-row chunks do (perf-log o1).
 template <int R_, int W_ = sm90_cols(R_)>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
@@ -991,38 +999,47 @@ struct Sm90Cfg {
   static constexpr int KT = 4;         // k16 tiles per stage: one 128-byte row of A per row
   static constexpr int DEPTH = 16 * KT;  // k per tile
   static constexpr bool A_TMA = R == 128;  // the A tile by one tensor copy instead of cp.async (marlin_sm90.cu)
+  static constexpr bool OFFSET = R == 16;  // offset weights, fp32 scaling per stage (above)
   static constexpr int A_CHUNKS = 2 * KT;
   static constexpr int A_STAGE = R * A_CHUNKS;
   static constexpr int B_STAGE = KT * NS * 32;
   static constexpr int S_ROWS = KT / 2;
   static constexpr int S_STAGE = S_ROWS * NS * 8;
   static constexpr int STAGE = (A_STAGE + B_STAGE + S_STAGE + 63) / 64 * 64;  // whole 1024-byte swizzle atoms
-  static constexpr int STAGES = R == 128 ? 5 : W == 256 ? 6 : 8;  // as many as two blocks per SM hold
+  // as many stages as two blocks per SM hold, at most 8 (each block also aligns its ring to 1024 bytes)
+  static constexpr int STAGES_FIT =
+      (kSm90SmemPerSm / kMaxBlocksPerSm - kSmemReservePerBlock - 1024) / (STAGE * 16);
+  static constexpr int STAGES = STAGES_FIT < 8 ? STAGES_FIT : 8;
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
-  static_assert(R == 64 || R == 128, "wgmma's n: 64 or 128");
+  static_assert(R == 16 || R == 64 || R == 128, "wgmma's n: 16, 64 or 128");
   static_assert(NS == 2 || NS == 4, "each warp takes half a strip's words or a whole strip");
   static_assert(A_CHUNKS == 8, "the A tile must be the 128-byte swizzle: 64 fp16 per row");
   static_assert(NS * ACC <= 128, "at most 128 accumulators per thread");
+  static_assert(STAGES >= 4, "a ring of at least 4 stages");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 // Shared memory a block of any shape needs (has_wgmma).
 constexpr int kSm90Smem = Sm90Cfg<64>::SMEM > Sm90Cfg<128>::SMEM ? Sm90Cfg<64>::SMEM : Sm90Cfg<128>::SMEM;
-static_assert(Sm90Cfg<64, 128>::SMEM <= kSm90Smem, "64 x 128 tiles fit wherever the others do");
+static_assert(Sm90Cfg<64, 128>::SMEM <= kSm90Smem && Sm90Cfg<16>::SMEM <= kSm90Smem, "the others fit where these do");
 
-// The wgmma kernel's tile for m > 16 rows and n columns: 128-row chunks by 128 columns for m > 64; else 64-row
-// chunks by 256 columns, or by 128 where 256-column strips in at most 8 parts each (sm90_blocks_per_chunk) would
-// leave more than a quarter of the device's `slots` block slots empty (7B layers with n = 4096 fill half of them).
-// cols = 0: no wgmma tile fits n.
+// The wgmma kernel's tile for m > 8 rows and n columns (m <= 8 takes the mma.sync kernel's transposed 8-row chunks,
+// faster there: perf-log o1): 16-row chunks for m <= 16 (not with groups of 32, which would need the fp32 scaling
+// twice per stage: the mma.sync kernel takes those); 128-row chunks by 128 columns for m > 64; else 64-row chunks.
+// Chunks of 16 and 64 rows take 256 columns, or 128 where 256-column strips in at most 8 parts each would leave more
+// than a quarter of the device's `slots` block slots empty (7B layers with n = 4096 fill half of them).
+// cols = 0: no wgmma tile fits.
 struct Sm90Tile {
   int rows, cols;
 };
-// The width of 64-row chunks' tiles on n columns; also the 2:4 wgmma.sp kernel's.
+// The width of 16- and 64-row chunks' tiles on n columns; also the 2:4 wgmma.sp kernel's.
 inline int sm90_cols64(int n, int slots) {
   if (n % 256 == 0 && 4 * (n / 256 * 8) >= 3 * slots) return 256;
   return n % 128 == 0 ? 128 : 0;
 }
-inline Sm90Tile sm90_tile(int m, int n, int slots) {
+inline Sm90Tile sm90_tile(int m, int n, int slots, bool groups_of_32) {
+  if (m <= 8) return {8, 0};
+  if (m <= 16) return {16, groups_of_32 ? 0 : sm90_cols64(n, slots)};
   if (m > 64) return {128, n % 128 == 0 ? 128 : 0};
   return {64, sm90_cols64(n, slots)};
 }
@@ -1031,14 +1048,17 @@ cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int
 // Whether the wgmma kernels can run: built for sm_90a (MARLIN_SM90A) and the device is compute capability 9.0.
 bool has_wgmma(int device);
 
-// Blocks per chunk for the wgmma kernels (two blocks per SM): every block slot, shared by `par` chunks, but at most
-// 8 parts per column strip: a tile's fp32 partial is 64 KB, as much as 8 64 x 256 tiles of dense weights, written
-// and read back (4096 x 4096 at m = 64, when one block added the parts: 33.5 -> 21.5 us; perf-log).
-inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles) {
+// Blocks per chunk for the wgmma kernels on `rows`-row chunks (two blocks per SM): every block slot, shared by `par`
+// chunks. Chunks of 64 rows and more take at most 8 parts per column strip: such a tile's fp32 partial is 64 KB, as
+// much as 8 64 x 256 tiles of dense weights, written and read back (4096 x 4096 at m = 64, when one block added the
+// parts: 33.5 -> 21.5 us; perf-log). A 16-row partial is one or two tiles of weights, as in the mma.sync kernels,
+// which take every slot (a cap of 8 parts there: the 7B set at m = 16 +3%, perf-log o1).
+inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles, int rows = 64) {
   constexpr int kParts = 8;
+  const int all = sms * kMaxBlocksPerSm / par;
+  if (rows <= 16) return all;
   const int min_iters = (k_tiles + kParts - 1) / kParts;
   const int capped = (n_cols * k_tiles + min_iters - 1) / min_iters;
-  const int all = sms * kMaxBlocksPerSm / par;
   return capped < all ? capped : all;
 }
 

@@ -116,7 +116,16 @@ __global__ void __launch_bounds__(C::THREADS, 2)
     lds_words(st + b_off + q * C::NS * 32 * 16, bw);
     if (GROUPED) lds_words(st + s_off + ((q >> p.lg_group) * C::NS * 8 * 16), sw);
   };
-  auto compute_stage = [&](uint32_t st) {
+  // Within a stage, wait for the previous k16 tile's wgmma only (their fragment registers are reused next). At the
+  // end of a stage, wait for all: ptxas may move accumulators at the loop's back edge.
+  auto wait_tile = [](int q) {
+    if (q + 1 < C::KT) {
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+    }
+  };
+  auto compute_scaled = [&](uint32_t st) {
     const uint64_t desc = a_desc(st);
     uint32_t bw[J], sw[J] = {};
     lds_tile(st, 0, bw, sw);
@@ -137,13 +146,61 @@ __global__ void __launch_bounds__(C::THREADS, 2)
       for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(acc[j], a[j], desc + 2 * q);
       wgmma_commit();
       if (q + 1 < C::KT) lds_tile(st, q + 1, bw, sw);
-      // Within a stage, wait for the previous k16 tile's wgmma only (their fragment registers are reused next).
-      // At the end of a stage, wait for all: ptxas may move accumulators at the loop's back edge.
-      if (q + 1 < C::KT) {
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
+      wait_tile(q);
+    }
+  };
+  // OFFSET: the weights enter wgmma as 1024 + q (k rows 0-7 of a k16 tile) and 64 + q (rows 8-15: nibbles<0x5400>),
+  // so `raw` sums the stage's products with those offsets. One more wgmma per k16 tile, of a constant tile (-1032 on
+  // rows 0-7, -72 on rows 8-15), sums the offsets' products, the same for every column (`base`). At the stage's
+  // end each column's sums are corrected and scaled in fp32: acc += s (raw + base). The fp16 products are exact;
+  // the fp32 sums are up to ~1000 times the result over 64 k, which costs ~10 of fp32's 24 bits (the 8-row mma.sync
+  // chunks do the same over 16-32 k).
+  auto compute_offset = [&](uint32_t st) {
+    constexpr uint32_t kOffset[4] = {0xe408e408, 0xe408e408, 0xd480d480, 0xd480d480};  // -1032, -72
+    const uint64_t desc = a_desc(st);
+    uint32_t bw[J], sw[J] = {};
+    lds_words(st + b_off, bw);
+    float raw[J][C::ACC], base[C::ACC];
+#pragma unroll
+    for (int q = 0; q < C::KT; ++q) {
+      uint32_t a[J][4];
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const Nibbles v = nibbles<0x54005400>(bw[j]);
+        a[j][0] = v.lo0;  // rows g: sub-tile 2j, k 2c..2c+1
+        a[j][1] = v.lo1;  // rows g + 8: sub-tile 2j + 1
+        a[j][2] = v.hi0;  // k + 8
+        a[j][3] = v.hi1;
       }
+      wgmma_fence();
+      if (q == 0) {  // the stage's first products start the sums
+        wgmma_m64k16<C::R, false>(base, kOffset, desc);
+#pragma unroll
+        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R, false>(raw[j], a[j], desc);
+      } else {
+        wgmma_m64k16<C::R>(base, kOffset, desc + 2 * q);
+#pragma unroll
+        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(raw[j], a[j], desc + 2 * q);
+      }
+      wgmma_commit();
+      if (q + 1 < C::KT) lds_words(st + b_off + (q + 1) * C::NS * 32 * 16, bw);
+      // a stage spans one group (groups of 32 take the mma.sync kernel: sm90_tile): the scales of its row 0
+      if (GROUPED && q + 1 == C::KT) lds_words(st + s_off, sw);
+      wait_tile(q);
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      float2 sv = make_float2(1.f, 1.f);  // the scales of rows g and g + 8 (columns of sub-tiles 2j, 2j + 1)
+      if (GROUPED) sv = __half22float2(*reinterpret_cast<const __half2*>(&sw[j]));
+#pragma unroll
+      for (int e = 0; e < C::ACC; ++e) acc[j][e] += (e % 4 < 2 ? sv.x : sv.y) * (raw[j][e] + base[e]);
+    }
+  };
+  auto compute_stage = [&](uint32_t st) {
+    if constexpr (C::OFFSET) {
+      compute_offset(st);
+    } else {
+      compute_scaled(st);
     }
   };
 
@@ -192,6 +249,10 @@ cudaError_t launch_rows(bool grouped, const Params& p, int grid, int device, cud
 
 cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,
                         cudaStream_t stream) {
+  if (tile.rows == 16) {
+    return tile.cols == 256 ? launch_rows<Sm90Cfg<16>>(grouped, p, grid, device, stream)
+                            : launch_rows<Sm90Cfg<16, 128>>(grouped, p, grid, device, stream);
+  }
   if (tile.rows == 128) return launch_rows<Sm90Cfg<128>>(grouped, p, grid, device, stream);
   return tile.cols == 256 ? launch_rows<Sm90Cfg<64>>(grouped, p, grid, device, stream)
                           : launch_rows<Sm90Cfg<64, 128>>(grouped, p, grid, device, stream);

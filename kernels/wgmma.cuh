@@ -64,6 +64,8 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x
 // cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+#define MARLIN_WGMMA_D8_OF(X) \
+  "+f"(X[0]), "+f"(X[1]), "+f"(X[2]), "+f"(X[3]), "+f"(X[4]), "+f"(X[5]), "+f"(X[6]), "+f"(X[7])
 #define MARLIN_WGMMA_D32_OF(X)                                                                                      \
   "+f"(X[0]), "+f"(X[1]), "+f"(X[2]), "+f"(X[3]), "+f"(X[4]), "+f"(X[5]), "+f"(X[6]), "+f"(X[7]), "+f"(X[8]),       \
       "+f"(X[9]), "+f"(X[10]), "+f"(X[11]), "+f"(X[12]), "+f"(X[13]), "+f"(X[14]), "+f"(X[15]), "+f"(X[16]),        \
@@ -77,22 +79,28 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
   "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
   "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
-// d (64 x N, fp32) += a (64 x 16 from registers) @ tile (16 x N from shared memory, K-major), N = 64 or 128.
-template <int N>
+// d (64 x N, fp32) = a (64 x 16 from registers) @ tile (16 x N from shared memory, K-major) + d (ADD) or + 0,
+// N = 16, 64 or 128.
+template <int N, bool ADD = true>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
-  if constexpr (N == 64) {
+  if constexpr (N == 16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+                 "{%8, %9, %10, %11}, %12, %13, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D8_OF(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ADD ? 1 : 0));
+  } else if constexpr (N == 64) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MARLIN_WGMMA_D32_LIST
-                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+                 ", {%32, %33, %34, %35}, %36, %37, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D32_OF(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ADD ? 1 : 0));
   } else {
-    static_assert(N == 128, "n64 or n128");
+    static_assert(N == 128, "n16, n64 or n128");
     float* const lo = d;
     float* const hi = d + 32;
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " MARLIN_WGMMA_D64_LIST
-                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+                 ", {%64, %65, %66, %67}, %68, %69, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D32_OF(lo), MARLIN_WGMMA_D32_OF(hi)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ADD ? 1 : 0));
   }
 }
 
@@ -132,6 +140,7 @@ __device__ __forceinline__ void pin(float (&acc)[J][ACC]) {
     for (int e = 0; e < ACC; ++e) asm volatile("" : "+f"(acc[j][e])::"memory");
 }
 
+#undef MARLIN_WGMMA_D8_OF
 #undef MARLIN_WGMMA_D32_OF
 #undef MARLIN_WGMMA_D64_LIST
 #undef MARLIN_WGMMA_D32_LIST

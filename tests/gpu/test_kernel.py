@@ -3,9 +3,10 @@
 Tolerance: mean|C - C_ref| / mean|C_ref| <= 2e-3. The kernel rounds each dequantized, scaled weight to fp16
 (relative error <= 2^-11), accumulates fp16 products in fp32 in its own order, and rounds C to fp16 (<= 2^-11);
 independent rounding errors average to a few 1e-4 of the output's magnitude, so 2e-3 leaves room while a wrong
-tile, scale or row shows up as an error of order 1. Chunks of 8 rows (m <= 8) instead sum the products of
-still-offset weights (1024 + q, 64 + q) in fp32 and subtract the offsets' product there, which costs ~10 of fp32's
-24 bits (relative ~1e-4 at worst), and scale the fp32 sums; test_offset_cancellation is the hard case for that.
+tile, scale or row shows up as an error of order 1. Chunks of 8 rows (m <= 8), and on the H200 those of 16 rows
+(m = 9-16), instead sum the products of still-offset weights (1024 + q, 64 + q) in fp32 over 16-64 k and subtract
+the offsets' product there, which costs ~10 of fp32's 24 bits (relative ~1e-4 at worst), and scale the fp32 sums;
+test_offset_cancellation is the hard case for that.
 """
 
 from __future__ import annotations
@@ -103,18 +104,20 @@ def test_act_order(m: int, group: int) -> None:
     _check(m, 4096, 1536, group, act_order=True, seed=m + group)
 
 
+@pytest.mark.parametrize("n", [1024, 1088])
 @pytest.mark.parametrize("group", [-1, 128])
 @pytest.mark.parametrize("m", [1, 8, 16])
-def test_offset_cancellation(m: int, group: int) -> None:
-    """Activations far from zero mean (32 + N(0, 1), all positive): the 8-row chunks' fp32 sums of offset weights
-    times activations are then largest against the result, the worst case for the cancellation (m = 16, the m16
-    path that scales fp16 weights, for comparison). The reference is float64."""
-    a, b, s = random_operands(m, 4096, 1024, group, seed=17)
+def test_offset_cancellation(m: int, group: int, n: int) -> None:
+    """Activations far from zero mean (32 + N(0, 1), all positive): the fp32 sums of offset weights times
+    activations are then largest against the result, the worst case for the cancellation: 8-row chunks (m <= 8) and
+    on the H200 the wgmma kernel's 16-row chunks (m = 16, n = 1024); n = 1088 (not a multiple of 128) runs m = 16 on
+    the mma.sync kernel's m16 path, which scales fp16 weights, for comparison. The reference is float64."""
+    a, b, s = random_operands(m, 4096, n, group, seed=17)
     a = (a.float() + 32).half()
     ref = (a.double() @ dequantize_gpu(b, s).double()).float()
-    _poison(m, 1024)
+    _poison(m, n)
     err = rel_error(ops.gemm(a, b, s), ref)
-    print(f"m={m} g={group}: relative error {err:.2e}")
+    print(f"m={m} g={group} n={n}: relative error {err:.2e}")
     assert err <= TOL
 
 
@@ -209,19 +212,29 @@ def test_bad_operands() -> None:
         ops.gemm(a, b, s, torch.arange(128, device="cuda", dtype=torch.int32))
 
 
-def _kernels_launched(m: int, k: int, n: int) -> str:
-    a, b, s = random_operands(m, k, n, 128)
+def _kernels_launched(m: int, k: int, n: int, group: int = 128) -> str:
+    a, b, s = random_operands(m, k, n, group)
     return kernels_launched(lambda: ops.gemm(a, b, s))
 
 
-def test_hopper_runs_the_wgmma_kernel_above_16_rows() -> None:
-    """On compute capability 9.0 the build targets 9.0a, and m > 16 runs on the wgmma kernel: 64 x 256 tiles up to
-    m = 64 where 256-column strips fill most of the GPU, 64 x 128 tiles where not (n % 128 == 0), 128 x 128 tiles
-    above m = 64 (n % 128 == 0)."""
+def test_hopper_runs_the_wgmma_kernel() -> None:
+    """On compute capability 9.0 the build targets 9.0a and the wgmma kernel runs from m = 9 (m <= 8: the mma.sync
+    kernel's 8-row chunks): 16-row chunks up to m = 16 (not with groups of 32: the mma.sync kernel; perf-log o1),
+    64-row chunks up to m = 64, both by 256 columns where 256-column strips fill most of the GPU and by 128 where not
+    (n % 128 == 0), 128 x 128 tiles above m = 64 (n % 128 == 0)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs compute capability 9.0")
-    small, least, wide, narrow, odd, tall, tall_narrow, too_narrow = (
-        _kernels_launched(16, 256, 512),
+    eight, nine, sixteen_wide, sixteen_odd, sixteen_g32 = (
+        _kernels_launched(8, 256, 512),
+        _kernels_launched(9, 256, 512),
+        _kernels_launched(16, 256, 16384),
+        _kernels_launched(16, 256, 320),
+        _kernels_launched(16, 256, 512, group=32),
+    )
+    assert "Sm90Cfg<16, 128>" in nine and "Sm90Cfg<16, 256>" in sixteen_wide
+    for launched in (eight, sixteen_odd, sixteen_g32):
+        assert "gemm_kernel<" in launched and "gemm_sm90_kernel" not in launched
+    least, wide, narrow, odd, tall, tall_narrow, too_narrow = (
         _kernels_launched(17, 256, 512),
         _kernels_launched(64, 256, 16384),  # 64 strips of 256 columns x 8 parts: every block slot
         _kernels_launched(64, 256, 512),
@@ -230,7 +243,6 @@ def test_hopper_runs_the_wgmma_kernel_above_16_rows() -> None:
         _kernels_launched(65, 256, 384),
         _kernels_launched(65, 256, 192),
     )
-    assert "gemm_kernel<" in small and "gemm_sm90_kernel" not in small
     assert "Sm90Cfg<64, 128>" in least  # 64-row chunks from 17 rows on (perf-log a3)
     assert "Sm90Cfg<64, 256>" in wide
     assert "Sm90Cfg<64, 128>" in narrow and "Sm90Cfg<64, 128>" in odd
@@ -241,11 +253,11 @@ def test_hopper_runs_the_wgmma_kernel_above_16_rows() -> None:
 def test_split_strips_are_added_by_a_second_kernel() -> None:
     """Every kernel saves the parts of column strips that several blocks' runs share, and add_parts_kernel adds them
     after the launch (perf-log a1, q1); when every run holds whole strips only the GEMM runs. Split: one strip in
-    parts (dense m = 1 and 2:4 m = 16 on the mma.sync kernels, m = 128 on the wgmma kernel); whole: k = 128 (one or
-    two tiles per strip) over more strips than block slots."""
+    parts (dense m = 1 and 2:4 m = 16 on the mma.sync kernels, m = 16 and 128 on the wgmma kernel); whole: k = 128
+    (one or two tiles per strip) over more strips than block slots."""
     slots = block_slots()
     wide = 256 * slots
-    for m, k, n in ((1, 4096, 128), (128, 2048, 128)):
+    for m, k, n in ((1, 4096, 128), (16, 4096, 256), (128, 2048, 128)):
         split = _kernels_launched(m, k, n)
         assert "add_parts_kernel" in split, f"m={m}: {split}"
     a, b24, meta, s24 = random_operands24(16, 4096, 128, 128)
@@ -256,15 +268,15 @@ def test_split_strips_are_added_by_a_second_kernel() -> None:
 
 
 def test_short_runs_take_three_stages() -> None:
-    """Chunks of <= 16 rows take a 3-stage ring when no block's run is longer than 32 tiles (128 columns x 128 deep),
-    else 4 (perf-log f2)."""
+    """The mma.sync kernel's chunks of <= 16 rows take a 3-stage ring when no block's run is longer than 32 tiles (128
+    columns x 128 deep), else 4 (perf-log f2). (16 rows: groups of 32, which the wgmma kernel leaves to it.)"""
     slots = block_slots()
     wide = 128 * (slots + 1)  # slots + 1 strips of 32 tiles each at k = 4096: more than 32 tiles per block
     short8, short16, long8, long16 = (
         _kernels_launched(1, 4096, 4096),
-        _kernels_launched(16, 4096, 4096),
+        _kernels_launched(16, 4096, 4096, group=32),
         _kernels_launched(1, 4096, wide),
-        _kernels_launched(16, 4096, wide),
+        _kernels_launched(16, 4096, wide, group=32),
     )
     assert "Cfg<8, 2, 8, 3>" in short8 and "Cfg<16, 2, 8, 3>" in short16
     assert "Cfg<8, 2, 8, 4>" in long8 and "Cfg<16, 2, 8, 4>" in long16
