@@ -1,4 +1,4 @@
-// FP16 x INT4 GEMM on the MARLIN dense layout with Hopper's warpgroup MMA (wgmma), for m > 16 on sm_90a.
+// FP16 x INT4 GEMM on the MARLIN dense layout with Hopper's warpgroup MMA (wgmma), for m > 8 on sm_90a.
 //
 // mma.sync runs at about half of the H200's tensor rate, which caps the sm_80 kernel (marlin_kernel.cuh) below
 // cuBLAS from m = 64 on. Here the roles are transposed: C^T (n, m) = dequant(B)^T (n, k) @ A^T (k, m), so the
@@ -14,6 +14,11 @@
 // cover the 128 columns: with 128-row chunks (128 x 128 tiles, m > 64) two m64n128k16, the same accumulators and
 // half the dequantization per product; with 64-row chunks on layers too narrow for 256-column tiles to fill the
 // GPU (64 x 128 tiles) two m64n64k16. In all the accumulators map back to columns when C is written.
+//
+// With 16-row chunks (m = 9-16: m64n16k16, 8 accumulators per wgmma) the weights enter wgmma still offset, as the
+// mma.sync kernel's 8-row chunks do: no subtract and no fp16 scaling per weight (5 instead of 13 instructions per
+// packed word), one more wgmma of a constant tile per k16 tile for the offsets' product, and each stage's fp32 sums
+// corrected and scaled once (compute_offset).
 //
 // With 128-row chunks a stage's A tile (128 rows x 64 k, 16 KB) comes by one tensor copy (TMA) that thread 0
 // issues, landing in the 128-byte swizzle wgmma reads and counted on the ring slot's mbarrier; rows past m arrive
