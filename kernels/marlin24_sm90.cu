@@ -1,5 +1,5 @@
 // FP16 x INT4 GEMM on the Sparse-MARLIN 2:4 layout with Hopper's sparse warpgroup MMA (wgmma.sp), for m > 16 on
-// sm_90a.
+// sm_90a, and for m = 9-16 on layers where every block's run is short (marlin24.cu).
 //
 // mma.sp runs at about half of the H200's sparse tensor rate, and the sm_80-class 2:4 kernel (marlin24_kernel.cuh)
 // re-reads and re-dequantizes every weight for each 32-row chunk of m: from m = 64 on it was slower than the dense
@@ -15,6 +15,7 @@
 // four m64n64k32 per k32 row cover the block's 256 columns. With 64 x 128 tiles (layers too narrow for 256-column
 // tiles to fill the GPU, as the dense kernel's) warp w takes word j = w of the one strip's chunks, and two
 // m64n64k32 cover its 128 columns. Tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of its strip.
+// 16-row chunks (m = 9-16) take m64n16k32 the same way.
 //
 // Everything else is the dense wgmma kernel's: the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
@@ -171,8 +172,8 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
       wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
 #pragma unroll
       for (int jj = 0; jj < J; ++jj) {
-        wgmma_sp_m64n64k32<0>(acc[2 * jj], a[2 * jj], mw[jj], desc + 4 * q);
-        wgmma_sp_m64n64k32<1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc + 4 * q);
+        wgmma_sp_m64k32<C::R, 0>(acc[2 * jj], a[2 * jj], mw[jj], desc + 4 * q);
+        wgmma_sp_m64k32<C::R, 1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc + 4 * q);
       }
       wgmma_commit();
       // as in the dense wgmma kernel: the previous group only within a stage, all of them at its end
@@ -199,7 +200,11 @@ cudaError_t launch_cols(bool grouped, const Params& p, int grid, int device, cud
   });
 }
 
-cudaError_t launch_sm90(int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+  if (rows == 16) {
+    return cols == 256 ? launch_cols<Sm90Cfg<256, 16>>(grouped, p, grid, device, stream)
+                       : launch_cols<Sm90Cfg<128, 16>>(grouped, p, grid, device, stream);
+  }
   return cols == 256 ? launch_cols<Sm90Cfg<256>>(grouped, p, grid, device, stream)
                      : launch_cols<Sm90Cfg<128>>(grouped, p, grid, device, stream);
 }

@@ -104,16 +104,24 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (
   }
 }
 
-// d (64 x 64, fp32) += a (64 x 32, 2:4 sparse: 64 x 16 kept values from registers + one metadata word) @ tile
-// (32 x 64 from shared memory, K-major). SEL: which two threads of each group of four supply the metadata (as in
-// mma.sp m16n8k32, per warp of the warpgroup).
-template <int SEL>
-__device__ __forceinline__ void wgmma_sp_m64n64k32(float (&d)[32], const uint32_t (&a)[4], uint32_t meta,
-                                                   uint64_t desc) {
-  asm volatile("wgmma.mma_async.sp.sync.aligned.m64n64k32.f32.f16.f16 " MARLIN_WGMMA_D32_LIST
-               ", {%32, %33, %34, %35}, %36, %37, %38, 1, 1, 1, 0;\n"
-               : MARLIN_WGMMA_D32_OF(d)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
+// d (64 x N, fp32) += a (64 x 32, 2:4 sparse: 64 x 16 kept values from registers + one metadata word) @ tile
+// (32 x N from shared memory, K-major), N = 16 or 64. SEL: which two threads of each group of four supply the
+// metadata (as in mma.sp m16n8k32, per warp of the warpgroup).
+template <int N, int SEL>
+__device__ __forceinline__ void wgmma_sp_m64k32(float (&d)[N / 2], const uint32_t (&a)[4], uint32_t meta,
+                                                uint64_t desc) {
+  if constexpr (N == 16) {
+    asm volatile("wgmma.mma_async.sp.sync.aligned.m64n16k32.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+                 "{%8, %9, %10, %11}, %12, %13, %14, 1, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D8_OF(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
+  } else {
+    static_assert(N == 64, "n16 or n64");
+    asm volatile("wgmma.mma_async.sp.sync.aligned.m64n64k32.f32.f16.f16 " MARLIN_WGMMA_D32_LIST
+                 ", {%32, %33, %34, %35}, %36, %37, %38, 1, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D32_OF(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
+  }
 }
 
 // J consecutive packed words from shared memory (one 16-, 8- or 4-byte load).

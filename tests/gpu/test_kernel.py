@@ -253,8 +253,8 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
 def test_split_strips_are_added_by_a_second_kernel() -> None:
     """Every kernel saves the parts of column strips that several blocks' runs share, and add_parts_kernel adds them
     after the launch (perf-log a1, q1); when every run holds whole strips only the GEMM runs. Split: one strip in
-    parts (dense m = 1 and 2:4 m = 16 on the mma.sync kernels, m = 16 and 128 on the wgmma kernel); whole: k = 128
-    (one or two tiles per strip) over more strips than block slots."""
+    parts (dense m = 1 on the mma.sync kernel, m = 16 and 128 on the wgmma kernel, 2:4 m = 16 on the wgmma.sp
+    kernel); whole: k = 128 (one or two tiles per strip) over more strips than block slots."""
     slots = block_slots()
     wide = 256 * slots
     for m, k, n in ((1, 4096, 128), (16, 4096, 256), (128, 2048, 128)):

@@ -21,7 +21,7 @@ from marlin_cli.kernel import ops, reference
 pytestmark = pytest.mark.gpu
 
 TOL = 2e-3  # see the module docstring
-M_ALL = (1, 7, 16, 17, 64, 100, 128, 256, 1024)
+M_ALL = (1, 7, 9, 16, 17, 64, 100, 128, 256, 1024)
 LLAMA2_7B = ((4096, 12288), (4096, 4096), (4096, 22016), (11008, 4096))
 LLAMA3_70B = ((8192, 10240), (28672, 8192))
 MINILM = ((384, 384), (384, 1536), (1536, 384))
@@ -94,29 +94,35 @@ def test_large_m() -> None:
     _check(16 * 32 * 2 + 13, 1024, 512, 128)
 
 
-def _kernels_launched(m: int, n: int) -> str:
-    a, b24, meta, s = random_operands24(m, 256, n, 128)
+def _kernels_launched(m: int, n: int, k: int = 256) -> str:
+    a, b24, meta, s = random_operands24(m, k, n, 128)
     return kernels_launched(lambda: ops.gemm24(a, b24, meta, s))
 
 
-def test_hopper_runs_the_wgmma_sp_kernel_above_16_rows() -> None:
+def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
     """On compute capability 9.0, m > 16 runs on the wgmma.sp kernel: 64-row chunks by 256 columns where 256-column
-    strips fill most of the GPU, else by 128; m <= 16 on the mma.sp kernel, 16 rows by 128 columns (perf-log q2)."""
+    strips fill most of the GPU, else by 128; m = 9-16 on its 16-row chunks where every block's run is at most 32
+    tiles, else on the mma.sp kernel (perf-log s9), whose 16-row tiles are 128 columns wide (perf-log q2); m <= 8 on
+    the mma.sp kernel."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
-    small, least, wide, narrow, odd, tall = (
-        _kernels_launched(16, 512),
+    eight, short16, long16, least, wide, narrow, odd, tall = (
+        _kernels_launched(8, 512),
+        _kernels_launched(9, 512),
+        _kernels_launched(16, 8192, k=28672),  # 32 strips x 448 tiles: more than 32 per block slot
         _kernels_launched(17, 512),
         _kernels_launched(64, 16384),  # 64 strips of 256 columns x 8 parts: every block slot
         _kernels_launched(64, 512),
         _kernels_launched(64, 384),
         _kernels_launched(200, 512),
     )
-    assert "gemm24_kernel<" in small and "gemm24_sm90_kernel" not in small
-    assert "Cfg<2, 1, " in small  # TT = 2 eight-row tiles, NS = 1 strip of 128 columns
-    assert "gemm24_sm90_kernel" in least
-    assert "Sm90Cfg<256>" in wide
-    assert "Sm90Cfg<128>" in narrow and "Sm90Cfg<128>" in odd and "Sm90Cfg<128>" in tall
+    for launched in (eight, long16):
+        assert "gemm24_kernel<" in launched and "gemm24_sm90_kernel" not in launched
+    assert "Cfg<2, 1, " in long16  # TT = 2 eight-row tiles, NS = 1 strip of 128 columns
+    assert "Sm90Cfg<128, 16>" in short16
+    assert "Sm90Cfg<128, 64>" in least
+    assert "Sm90Cfg<256, 64>" in wide
+    assert "Sm90Cfg<128, 64>" in narrow and "Sm90Cfg<128, 64>" in odd and "Sm90Cfg<128, 64>" in tall
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 11008, 4096), (16, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)])
