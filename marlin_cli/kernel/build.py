@@ -98,7 +98,7 @@ def kernel_problem(device: torch.device | str | int | None = None) -> str | None
 
 def arch_list() -> str:
     """Architectures to compile for: TORCH_CUDA_ARCH_LIST if set, else the capability of the current GPU (9.0 as
-    9.0a, the target with wgmma, which the kernel for m > 16 needs)."""
+    9.0a, the target with wgmma, which the kernels for m > 8 need)."""
     env = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if env:
         return env
