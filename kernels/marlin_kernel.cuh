@@ -804,12 +804,11 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
 #pragma unroll
       for (int x = 0; x < 8; ++x) f[x] = v[x];
       if (!GROUPED) {
-        // per-channel scales, permuted within 32 columns (3.1 step 4): column 2i + {0,1} + 8q sits at 8i + 2q + {0,1}
+        // per-channel scales (permuted_scale): columns n0 + 2i and n0 + 2i + 1 sit side by side
         const __half2* s2 = reinterpret_cast<const __half2*>(p.s);
-        const int base = (n0 & ~31) + 2 * ((n0 & 31) / 8);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const float2 sv = __half22float2(s2[(base + 8 * i) / 2]);
+          const float2 sv = __half22float2(s2[permuted_scale(n0 + 2 * i) / 2]);
           f[2 * i] *= sv.x;
           f[2 * i + 1] *= sv.y;
         }
@@ -1053,7 +1052,7 @@ bool has_wgmma(int device);
 // much as 8 64 x 256 tiles of dense weights, written and read back (4096 x 4096 at m = 64, when one block added the
 // parts: 33.5 -> 21.5 us; perf-log). A 16-row partial is one or two tiles of weights, as in the mma.sync kernels,
 // which take every slot (a cap of 8 parts there: the 7B set at m = 16 +3%, perf-log o1).
-inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles, int rows = 64) {
+inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles, int rows) {
   constexpr int kParts = 8;
   const int all = sms * kMaxBlocksPerSm / par;
   if (rows <= 16) return all;
