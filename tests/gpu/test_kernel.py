@@ -99,7 +99,7 @@ def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
 
 
 @pytest.mark.parametrize("group", [-1, 32, 128])
-@pytest.mark.parametrize("m", [1, 33, 256])
+@pytest.mark.parametrize("m", [1, 12, 33, 256])
 def test_act_order(m: int, group: int) -> None:
     _check(m, 4096, 1536, group, act_order=True, seed=m + group)
 
