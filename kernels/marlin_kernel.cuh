@@ -27,6 +27,7 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace marlin_cli {
@@ -248,6 +249,7 @@ struct Cfg {
   static constexpr int SUB = TRANS ? 4 : 8;  // accumulator tiles per row tile and 64 columns
   static constexpr int W = 64 * NS;       // columns of the block tile
   static constexpr int A_CHUNKS = 2 * KT;  // 16-byte chunks per A row per stage
+  static constexpr bool A_PANELS = false;  // the A tile row-major (StageLoader)
   static constexpr int A_STAGE = R * A_CHUNKS;   // int4 per stage
   static constexpr int B_STAGE = KT * NS * 32;   // int4 per stage (one per lane per k16 tile per strip)
   static constexpr int S_ROWS = KT / 2;          // most scale rows one stage can span (group size 32)
@@ -318,11 +320,13 @@ struct StageLoader {
   int64_t b_thr, b_pass, b_stage;
   uint32_t b_dst;
   // A: chunk j of row r lands at r * A_CHUNKS + (j ^ (r % 8)), so the 8 rows one ldmatrix phase reads fall in 8
-  // different 16-byte bank groups (and a 64-deep stage is exactly the 128-byte swizzle of a wgmma operand). Rows
-  // past m are zero-filled (no global read).
-  // Pass i copies row r0 + i * A_ROWS (chunk j stays, so does r % 8: the destinations are a_dst + i * THREADS * 16).
+  // different 16-byte bank groups (and a 64-deep stage is exactly the 128-byte swizzle of a wgmma operand). With
+  // A_PANELS (the wgmma kernels) a deeper stage is A_CHUNKS / 8 such 64-deep panels of R rows one after another:
+  // chunk j of row r lands at (j / 8) R 8 + r 8 + (j % 8 ^ r % 8). Rows past m are zero-filled (no global read).
+  // Pass i copies row r0 + i * A_ROWS (chunk j stays, so does r % 8: the destinations are a_dst + i * A_PASS).
   // Without COPY_A the kernel brings the A tile itself (the wgmma kernel: one tensor copy per stage).
   static constexpr int A_ROWS = C::THREADS / C::A_CHUNKS;
+  static constexpr uint32_t A_PASS = (C::A_PANELS ? A_ROWS * 8 : C::THREADS) * 16;
   static_assert(C::THREADS % C::A_CHUNKS == 0 && A_ROWS % 8 == 0, "every pass keeps a thread's chunk and swizzle");
   int a_src, a_pass, a_rows;  // source offset of pass 0, added per pass; rows left from r0 (pass i is real below)
   uint32_t a_dst;
@@ -349,7 +353,7 @@ struct StageLoader {
       a_src = r * a_row + j;
       a_pass = A_ROWS * a_row;
       a_rows = m_rows - r;
-      a_dst = (r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
+      a_dst = (C::A_PANELS ? (j / 8) * C::R * 8 + r * 8 + ((j % 8) ^ (r % 8)) : r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
     }
     const int s_rows = max(1, C::KT >> p.lg_group);
     s_copy = GROUPED && tid < s_rows * C::NS * 8;
@@ -375,7 +379,7 @@ struct StageLoader {
     for (int i = 0; i < (COPY_A ? A_PER : 0); ++i) {
       if (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE) {
         const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
-        cp_async16_zfill(st + a_dst + i * C::THREADS * 16, a_g + (ld_a + (real ? a_src + i * a_pass : 0)),
+        cp_async16_zfill(st + a_dst + i * A_PASS, a_g + (ld_a + (real ? a_src + i * a_pass : 0)),
                          real ? 16 : 0);
       }
     }
@@ -983,9 +987,9 @@ constexpr int kSm90SmemPerSm = 228 * 1024;
 constexpr int kSmemReservePerBlock = 1024;
 
 // The wgmma kernel on sm_90a (marlin_sm90.cu): one warpgroup per block, two blocks per SM, R-row chunks (wgmma's n)
-// by W-column tiles, 64-deep stages. 64 x 256 and 128 x 128 hold 128 fp32 accumulators per thread; 128-row chunks
-// (m > 64) use each dequantized weight for twice the rows, so they dequantize half as often per product (perf-log
-// w4). 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column tiles to fill the GPU (sm90_tile).
+// by W-column tiles, 64-deep stages (128 for 16-row chunks: perf-log o2). 64 x 256 and 128 x 128 hold 128 fp32
+// accumulators per thread; 128-row chunks (m > 64) use each dequantized weight for twice the rows, so they dequantize
+// half as often per product (perf-log w4). 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column tiles to fill the GPU (sm90_tile).
 // 16-row chunks (OFFSET) hold 8 accumulators per wgmma: there the weights enter wgmma still offset (1024 + q,
 // 64 + q: no subtract and no fp16 scaling per weight) and each stage's fp32 sums are corrected and scaled once, as
 // the mma.sync kernel's 8-row chunks do (perf-log o1).
@@ -995,11 +999,14 @@ struct Sm90Cfg {
   static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
   static constexpr int W = W_;
   static constexpr int NS = W / 64;    // 64-column strips; also the wgmma (packed words) per warp and k16 tile
-  static constexpr int KT = 4;         // k16 tiles per stage: one 128-byte row of A per row
+  // k16 tiles per stage: one 128-byte swizzle row of A per row, two for 16-row chunks (their per-stage work, the
+  // correction above included, then serves twice the weights)
+  static constexpr int KT = R == 16 ? 8 : 4;
   static constexpr int DEPTH = 16 * KT;  // k per tile
   static constexpr bool A_TMA = R == 128;  // the A tile by one tensor copy instead of cp.async (marlin_sm90.cu)
   static constexpr bool OFFSET = R == 16;  // offset weights, fp32 scaling per stage (above)
   static constexpr int A_CHUNKS = 2 * KT;
+  static constexpr bool A_PANELS = true;  // the A tile as 64-deep swizzle panels (StageLoader)
   static constexpr int A_STAGE = R * A_CHUNKS;
   static constexpr int B_STAGE = KT * NS * 32;
   static constexpr int S_ROWS = KT / 2;
@@ -1013,18 +1020,18 @@ struct Sm90Cfg {
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
   static_assert(R == 16 || R == 64 || R == 128, "wgmma's n: 16, 64 or 128");
   static_assert(NS == 2 || NS == 4, "each warp takes half a strip's words or a whole strip");
-  static_assert(A_CHUNKS == 8, "the A tile must be the 128-byte swizzle: 64 fp16 per row");
+  static_assert(A_CHUNKS % 8 == 0, "the A tile must be whole 128-byte swizzle panels: 64 fp16 per row");
   static_assert(NS * ACC <= 128, "at most 128 accumulators per thread");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 // Shared memory a block of any shape needs (has_wgmma).
-constexpr int kSm90Smem = Sm90Cfg<64>::SMEM > Sm90Cfg<128>::SMEM ? Sm90Cfg<64>::SMEM : Sm90Cfg<128>::SMEM;
-static_assert(Sm90Cfg<64, 128>::SMEM <= kSm90Smem && Sm90Cfg<16>::SMEM <= kSm90Smem, "the others fit where these do");
+constexpr int kSm90Smem = std::max({Sm90Cfg<16>::SMEM, Sm90Cfg<64>::SMEM, Sm90Cfg<128>::SMEM});
+static_assert(Sm90Cfg<64, 128>::SMEM <= kSm90Smem && Sm90Cfg<16, 128>::SMEM <= kSm90Smem, "narrow tiles fit too");
 
 // The wgmma kernel's tile for m > 8 rows and n columns (m <= 8 takes the mma.sync kernel's transposed 8-row chunks,
-// faster there: perf-log o1): 16-row chunks for m <= 16 (not with groups of 32, which would need the fp32 scaling
-// twice per stage: the mma.sync kernel takes those); 128-row chunks by 128 columns for m > 64; else 64-row chunks.
+// faster there: perf-log o1): 16-row chunks for m <= 16 (not with groups smaller than their 128-deep stage, which
+// would need the fp32 scaling more than once per stage: the mma.sync kernel takes those); 128-row chunks by 128 columns for m > 64; else 64-row chunks.
 // Chunks of 16 and 64 rows take 256 columns, or 128 where 256-column strips in at most 8 parts each would leave more
 // than a quarter of the device's `slots` block slots empty (7B layers with n = 4096 fill half of them).
 // cols = 0: no wgmma tile fits.
@@ -1036,9 +1043,9 @@ inline int sm90_cols64(int n, int slots) {
   if (n % 256 == 0 && 4 * (n / 256 * 8) >= 3 * slots) return 256;
   return n % 128 == 0 ? 128 : 0;
 }
-inline Sm90Tile sm90_tile(int m, int n, int slots, bool groups_of_32) {
+inline Sm90Tile sm90_tile(int m, int n, int slots, bool small_groups) {
   if (m <= 8) return {8, 0};
-  if (m <= 16) return {16, groups_of_32 ? 0 : sm90_cols64(n, slots)};
+  if (m <= 16) return {16, small_groups ? 0 : sm90_cols64(n, slots)};
   if (m > 64) return {128, n % 128 == 0 ? 128 : 0};
   return {64, sm90_cols64(n, slots)};
 }

@@ -18,7 +18,7 @@
 // With 16-row chunks (m = 9-16: m64n16k16, 8 accumulators per wgmma) the weights enter wgmma still offset, as the
 // mma.sync kernel's 8-row chunks do: no subtract and no fp16 scaling per weight (5 instead of 13 instructions per
 // packed word), one more wgmma of a constant tile per k16 tile for the offsets' product, and each stage's fp32 sums
-// corrected and scaled once (compute_offset).
+// corrected and scaled once (compute_offset). Their stages are 128 deep, the A tile two 64-deep swizzle panels.
 //
 // With 128-row chunks a stage's A tile (128 rows x 64 k, 16 KB) comes by one tensor copy (TMA) that thread 0
 // issues, landing in the 128-byte swizzle wgmma reads and counted on the ring slot's mbarrier; rows past m arrive
@@ -158,11 +158,12 @@ __global__ void __launch_bounds__(C::THREADS, 2)
   // so `raw` sums the stage's products with those offsets. One more wgmma per k16 tile, of a constant tile (-1032 on
   // rows 0-7, -72 on rows 8-15), sums the offsets' products, the same for every column (`base`). At the stage's
   // end each column's sums are corrected and scaled in fp32: acc += s (raw + base). The fp16 products are exact;
-  // the fp32 sums are up to ~1000 times the result over 64 k, which costs ~10 of fp32's 24 bits (the 8-row mma.sync
-  // chunks do the same over 16-32 k).
+  // the fp32 sums are up to ~1000 times the result over the stage's 128 k, which costs ~10 of fp32's 24 bits (the
+  // 8-row mma.sync chunks do the same over 16-32 k).
   auto compute_offset = [&](uint32_t st) {
     constexpr uint32_t kOffset[4] = {0xe408e408, 0xe408e408, 0xd480d480, 0xd480d480};  // -1032, -72
-    const uint64_t desc = a_desc(st);
+    // k16 tile q of the stage: 32 bytes into the 64-deep A panel q / 4 (R rows of 128 bytes each)
+    auto desc = [&](int q) { return a_desc(st) + (q / 4) * (C::R * 128 >> 4) + 2 * (q % 4); };
     uint32_t bw[J], sw[J] = {};
     lds_words(st + b_off, bw);
     float raw[J][C::ACC], base[C::ACC];
@@ -179,17 +180,17 @@ __global__ void __launch_bounds__(C::THREADS, 2)
       }
       wgmma_fence();
       if (q == 0) {  // the stage's first products start the sums
-        wgmma_m64k16<C::R, false>(base, kOffset, desc);
+        wgmma_m64k16<C::R, false>(base, kOffset, desc(q));
 #pragma unroll
-        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R, false>(raw[j], a[j], desc);
+        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R, false>(raw[j], a[j], desc(q));
       } else {
-        wgmma_m64k16<C::R>(base, kOffset, desc + 2 * q);
+        wgmma_m64k16<C::R>(base, kOffset, desc(q));
 #pragma unroll
-        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(raw[j], a[j], desc + 2 * q);
+        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(raw[j], a[j], desc(q));
       }
       wgmma_commit();
       if (q + 1 < C::KT) lds_words(st + b_off + (q + 1) * C::NS * 32 * 16, bw);
-      // a stage spans one group (groups of 32 take the mma.sync kernel: sm90_tile): the scales of its row 0
+      // a stage is one group of 128 or part of a longer one (smaller groups take the mma.sync kernel: sm90_tile)
       if (GROUPED && q + 1 == C::KT) lds_words(st + s_off, sw);
       wait_tile(q);
     }
@@ -240,7 +241,7 @@ cudaError_t a_tensor_map(const Params& p, int rows, CUtensorMap* map) {
 
 template <class C>
 cudaError_t launch_rows(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  static_assert(C::A_STAGE * 16 == 64 * 2 * C::R, "a stage's A tile is one 64 x R box");
+  static_assert(!C::A_TMA || C::A_STAGE * 16 == 64 * 2 * C::R, "a stage's A tile is one 64 x R box");
   static bool ready[2][kMaxDevices] = {};
   CUtensorMap map = {};
   if (C::A_TMA) {

@@ -5,7 +5,7 @@ compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_k
 
 Build the kernel first (any call of marlin_cli.kernel.ops.gemm on a GPU), so the sanitizer only sees launches.
 The shapes cover every chunk height, strip width, group kind, act-order, ragged m and the split-k fixup, for the
-sm_80 kernel (m <= 8, groups of 32 at m <= 16, or n too narrow for the wgmma tile) and the wgmma kernel (m > 8 on the
+sm_80 kernel (m <= 8, groups below 128 at m <= 16, or n too narrow for the wgmma tile) and the wgmma kernel (m > 8 on the
 H200), then the 2:4 kernels (mma.sp, and wgmma.sp for m > 16 and short runs at m = 9-16 on the H200).
 """
 
@@ -30,7 +30,7 @@ CASES = [  # m, k, n, group, act_order
     (16, 512, 192, 32, False),
     (12, 2048, 256, 32, False),  # 16-row chunks (groups of 32), 128-column strips (k-warp slices on Hopper), split k
     (9, 2048, 512, -1, True),  # wgmma kernel, 16 x 128 tiles, per-channel scales
-    (16, 4096, 1024, 64, False),  # ... split k
+    (16, 4096, 1024, 128, False),  # ... split k
     (13, 512, 16384, 128, False),  # wgmma kernel, 16 x 256 tiles
     (17, 512, 192, -1, True),
     (20, 1024, 512, 32, False),  # wgmma kernel from 17 rows: one 64-row chunk, 20 rows real

@@ -4,7 +4,7 @@ Tolerance: mean|C - C_ref| / mean|C_ref| <= 2e-3. The kernel rounds each dequant
 (relative error <= 2^-11), accumulates fp16 products in fp32 in its own order, and rounds C to fp16 (<= 2^-11);
 independent rounding errors average to a few 1e-4 of the output's magnitude, so 2e-3 leaves room while a wrong
 tile, scale or row shows up as an error of order 1. Chunks of 8 rows (m <= 8), and on the H200 those of 16 rows
-(m = 9-16), instead sum the products of still-offset weights (1024 + q, 64 + q) in fp32 over 16-64 k and subtract
+(m = 9-16), instead sum the products of still-offset weights (1024 + q, 64 + q) in fp32 over 16-128 k and subtract
 the offsets' product there, which costs ~10 of fp32's 24 bits (relative ~1e-4 at worst), and scale the fp32 sums;
 test_offset_cancellation is the hard case for that.
 """
@@ -219,20 +219,21 @@ def _kernels_launched(m: int, k: int, n: int, group: int = 128) -> str:
 
 def test_hopper_runs_the_wgmma_kernel() -> None:
     """On compute capability 9.0 the build targets 9.0a and the wgmma kernel runs from m = 9 (m <= 8: the mma.sync
-    kernel's 8-row chunks): 16-row chunks up to m = 16 (not with groups of 32: the mma.sync kernel; perf-log o1),
+    kernel's 8-row chunks): 16-row chunks up to m = 16 (not with groups below 128: the mma.sync kernel; perf-log o1),
     64-row chunks up to m = 64, both by 256 columns where 256-column strips fill most of the GPU and by 128 where not
     (n % 128 == 0), 128 x 128 tiles above m = 64 (n % 128 == 0)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs compute capability 9.0")
-    eight, nine, sixteen_wide, sixteen_odd, sixteen_g32 = (
+    eight, nine, sixteen_wide, sixteen_odd, sixteen_g32, sixteen_g64 = (
         _kernels_launched(8, 256, 512),
         _kernels_launched(9, 256, 512),
         _kernels_launched(16, 256, 16384),
         _kernels_launched(16, 256, 320),
         _kernels_launched(16, 256, 512, group=32),
+        _kernels_launched(16, 256, 512, group=64),
     )
     assert "Sm90Cfg<16, 128>" in nine and "Sm90Cfg<16, 256>" in sixteen_wide
-    for launched in (eight, sixteen_odd, sixteen_g32):
+    for launched in (eight, sixteen_odd, sixteen_g32, sixteen_g64):
         assert "gemm_kernel<" in launched and "gemm_sm90_kernel" not in launched
     least, wide, narrow, odd, tall, tall_narrow, too_narrow = (
         _kernels_launched(17, 256, 512),
