@@ -194,7 +194,8 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
 template <class C>
 cudaError_t launch_cols(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
   static bool ready[2][kMaxDevices] = {};
-  return launch_with_parts<RegisterParts<C, SparseCols<C>, 2 * C::NS>>(grouped, p, grid, device, stream, [&](const Params& q) {
+  using Parts = RegisterParts<C, SparseCols<C>, 2 * C::NS>;
+  return launch_with_parts<Parts>(grouped, p, grid, device, stream, [&](const Params& q) {
     return launch_opt_in(grouped ? gemm24_sm90_kernel<C, true> : gemm24_sm90_kernel<C, false>, ready[grouped][device],
                          grid, C::THREADS, C::SMEM, device, stream, q);
   });

@@ -989,10 +989,10 @@ constexpr int kSmemReservePerBlock = 1024;
 // The wgmma kernel on sm_90a (marlin_sm90.cu): one warpgroup per block, two blocks per SM, R-row chunks (wgmma's n)
 // by W-column tiles, 64-deep stages (128 for 16-row chunks: perf-log o2). 64 x 256 and 128 x 128 hold 128 fp32
 // accumulators per thread; 128-row chunks (m > 64) use each dequantized weight for twice the rows, so they dequantize
-// half as often per product (perf-log w4). 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column tiles to fill the GPU (sm90_tile).
-// 16-row chunks (OFFSET) hold 8 accumulators per wgmma: there the weights enter wgmma still offset (1024 + q,
-// 64 + q: no subtract and no fp16 scaling per weight) and each stage's fp32 sums are corrected and scaled once, as
-// the mma.sync kernel's 8-row chunks do (perf-log o1).
+// half as often per product (perf-log w4). 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column
+// tiles to fill the GPU (sm90_tile). 16-row chunks (OFFSET) hold 8 accumulators per wgmma: there the weights enter
+// wgmma still offset (1024 + q, 64 + q: no subtract and no fp16 scaling per weight) and each stage's fp32 sums are
+// corrected and scaled once, as the mma.sync kernel's 8-row chunks do (perf-log o1).
 template <int R_, int W_ = sm90_cols(R_)>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
@@ -1031,7 +1031,8 @@ static_assert(Sm90Cfg<64, 128>::SMEM <= kSm90Smem && Sm90Cfg<16, 128>::SMEM <= k
 
 // The wgmma kernel's tile for m > 8 rows and n columns (m <= 8 takes the mma.sync kernel's transposed 8-row chunks,
 // faster there: perf-log o1): 16-row chunks for m <= 16 (not with groups smaller than their 128-deep stage, which
-// would need the fp32 scaling more than once per stage: the mma.sync kernel takes those); 128-row chunks by 128 columns for m > 64; else 64-row chunks.
+// would need the fp32 scaling more than once per stage: the mma.sync kernel takes those); 128-row chunks by 128
+// columns for m > 64; else 64-row chunks.
 // Chunks of 16 and 64 rows take 256 columns, or 128 where 256-column strips in at most 8 parts each would leave more
 // than a quarter of the device's `slots` block slots empty (7B layers with n = 4096 fill half of them).
 // cols = 0: no wgmma tile fits.

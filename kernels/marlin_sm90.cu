@@ -115,12 +115,15 @@ __global__ void __launch_bounds__(C::THREADS, 2)
 #pragma unroll
     for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
 
-  // The packed words and scales of k16 tile q of the stage at st: each tile's are loaded before the wait for the
+  // The packed words (and scales) of k16 tile q of the stage at st: each tile's are loaded before the wait for the
   // previous tile's wgmma, so the shared-memory latency hides behind it.
+  auto lds_tile_words = [&](uint32_t st, int q, uint32_t (&bw)[J]) { lds_words(st + b_off + q * C::NS * 32 * 16, bw); };
   auto lds_tile = [&](uint32_t st, int q, uint32_t (&bw)[J], uint32_t (&sw)[J]) {
-    lds_words(st + b_off + q * C::NS * 32 * 16, bw);
+    lds_tile_words(st, q, bw);
     if (GROUPED) lds_words(st + s_off + ((q >> p.lg_group) * C::NS * 8 * 16), sw);
   };
+  // The A operand of the stage at st's k16 tile q: 32 bytes into 64-deep panel q / 4 (R rows of 128 bytes each).
+  auto tile_desc = [](uint32_t st, int q) { return a_desc(st) + (q / 4) * (C::R * 128 >> 4) + 2 * (q % 4); };
   // Within a stage, wait for the previous k16 tile's wgmma only (their fragment registers are reused next). At the
   // end of a stage, wait for all: ptxas may move accumulators at the loop's back edge.
   auto wait_tile = [](int q) {
@@ -131,7 +134,6 @@ __global__ void __launch_bounds__(C::THREADS, 2)
     }
   };
   auto compute_scaled = [&](uint32_t st) {
-    const uint64_t desc = a_desc(st);
     uint32_t bw[J], sw[J] = {};
     lds_tile(st, 0, bw, sw);
 #pragma unroll
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(C::THREADS, 2)
       }
       wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
 #pragma unroll
-      for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(acc[j], a[j], desc + 2 * q);
+      for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(acc[j], a[j], tile_desc(st, q));
       wgmma_commit();
       if (q + 1 < C::KT) lds_tile(st, q + 1, bw, sw);
       wait_tile(q);
@@ -162,10 +164,8 @@ __global__ void __launch_bounds__(C::THREADS, 2)
   // 8-row mma.sync chunks do the same over 16-32 k).
   auto compute_offset = [&](uint32_t st) {
     constexpr uint32_t kOffset[4] = {0xe408e408, 0xe408e408, 0xd480d480, 0xd480d480};  // -1032, -72
-    // k16 tile q of the stage: 32 bytes into the 64-deep A panel q / 4 (R rows of 128 bytes each)
-    auto desc = [&](int q) { return a_desc(st) + (q / 4) * (C::R * 128 >> 4) + 2 * (q % 4); };
     uint32_t bw[J], sw[J] = {};
-    lds_words(st + b_off, bw);
+    lds_tile_words(st, 0, bw);
     float raw[J][C::ACC], base[C::ACC];
 #pragma unroll
     for (int q = 0; q < C::KT; ++q) {
@@ -180,16 +180,16 @@ __global__ void __launch_bounds__(C::THREADS, 2)
       }
       wgmma_fence();
       if (q == 0) {  // the stage's first products start the sums
-        wgmma_m64k16<C::R, false>(base, kOffset, desc(q));
+        wgmma_m64k16<C::R, false>(base, kOffset, tile_desc(st, q));
 #pragma unroll
-        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R, false>(raw[j], a[j], desc(q));
+        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R, false>(raw[j], a[j], tile_desc(st, q));
       } else {
-        wgmma_m64k16<C::R>(base, kOffset, desc(q));
+        wgmma_m64k16<C::R>(base, kOffset, tile_desc(st, q));
 #pragma unroll
-        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(raw[j], a[j], desc(q));
+        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(raw[j], a[j], tile_desc(st, q));
       }
       wgmma_commit();
-      if (q + 1 < C::KT) lds_words(st + b_off + (q + 1) * C::NS * 32 * 16, bw);
+      if (q + 1 < C::KT) lds_tile_words(st, q + 1, bw);
       // a stage is one group of 128 or part of a longer one (smaller groups take the mma.sync kernel: sm90_tile)
       if (GROUPED && q + 1 == C::KT) lds_words(st + s_off, sw);
       wait_tile(q);
@@ -247,7 +247,8 @@ cudaError_t launch_rows(bool grouped, const Params& p, int grid, int device, cud
   if (C::A_TMA) {
     if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
   }
-  return launch_with_parts<RegisterParts<C, DenseCols<C>, C::NS>>(grouped, p, grid, device, stream, [&](const Params& q) {
+  using Parts = RegisterParts<C, DenseCols<C>, C::NS>;
+  return launch_with_parts<Parts>(grouped, p, grid, device, stream, [&](const Params& q) {
     return launch_opt_in(grouped ? gemm_sm90_kernel<C, true> : gemm_sm90_kernel<C, false>, ready[grouped][device],
                          grid, C::THREADS, C::SMEM, device, stream, q, map);
   });
