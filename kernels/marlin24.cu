@@ -9,7 +9,6 @@ namespace sparse24 {
 using detail::kMaxDevices;
 using detail::max_smem;
 constexpr int kMinTiles = 4;  // perf-log s3
-constexpr int kShortRun = 32;  // tiles per block (64 deep): the 16-row wgmma.sp kernel's layers (gemm24)
 
 // Launch one configuration over `par` chunks side by side: every block the GPU holds at once, shared evenly by the
 // chunks (and capped so that two partial tiles per block fit the workspace).
@@ -102,15 +101,13 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   Params p;
   p.meta = static_cast<const int4*>(g.meta);
   // On an sm_90a build and a Hopper GPU the wgmma.sp kernel, by 256 columns or, on layers too narrow for those to
-  // fill the GPU, 128 (the dense kernel's rule for its 64-row chunks): 64-row chunks for m > 16; 16-row chunks for
-  // m = 9-16 where every block's run is short (at most kShortRun tiles), since those blocks start and finish sooner
-  // than the mma.sp kernel's, whose stream is faster on long runs (perf-log s9).
+  // fill the GPU, 128 (the dense kernel's rule for its 64-row chunks): 64-row chunks for m > 16, 16-row chunks with
+  // 128-deep stages for m = 9-16 (faster than the mma.sp kernel's on every layer measured: perf-log s10).
   const int slots = g.sms * kMaxBlocksPerSm;
   const int cols = detail::sm90_cols64(g.n, slots);
   const int n_cols = cols > 0 ? g.n / cols : 0;
   const int k_tiles = g.k / Sm90Cfg<256>::DEPTH;
-  const bool short_runs = static_cast<int64_t>(n_cols) * k_tiles <= static_cast<int64_t>(kShortRun) * slots;
-  const int rows = g.m > detail::kSm90AboveRows ? 64 : g.m > 8 && short_runs ? 16 : 0;
+  const int rows = g.m > detail::kSm90AboveRows ? 64 : g.m > 8 ? 16 : 0;
   if (rows > 0 && cols > 0 && detail::has_wgmma(g.device)) {
     return detail::run_chunk_groups(p, g, g.a, lg_group, rows, [&](int par) {
       const int per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, k_tiles, rows);

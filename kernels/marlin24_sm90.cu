@@ -1,5 +1,5 @@
-// FP16 x INT4 GEMM on the Sparse-MARLIN 2:4 layout with Hopper's sparse warpgroup MMA (wgmma.sp), for m > 16 on
-// sm_90a, and for m = 9-16 on layers where every block's run is short (marlin24.cu).
+// FP16 x INT4 GEMM on the Sparse-MARLIN 2:4 layout with Hopper's sparse warpgroup MMA (wgmma.sp), for m > 8 on
+// sm_90a (marlin24.cu).
 //
 // mma.sp runs at about half of the H200's sparse tensor rate, and the sm_80-class 2:4 kernel (marlin24_kernel.cuh)
 // re-reads and re-dequantizes every weight for each 32-row chunk of m: from m = 64 on it was slower than the dense
@@ -15,7 +15,8 @@
 // four m64n64k32 per k32 row cover the block's 256 columns. With 64 x 128 tiles (layers too narrow for 256-column
 // tiles to fill the GPU, as the dense kernel's) warp w takes word j = w of the one strip's chunks, and two
 // m64n64k32 cover its 128 columns. Tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of its strip.
-// 16-row chunks (m = 9-16) take m64n16k32 the same way.
+// 16-row chunks (m = 9-16) take m64n16k32 the same way, with 128-deep stages (the A tile two 64-deep swizzle
+// panels).
 //
 // Everything else is the dense wgmma kernel's: the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
@@ -29,7 +30,8 @@ namespace sparse24 {
 
 using namespace detail;
 
-// Copies of one stage: the A tile (R rows x 8 chunks, the 128-byte swizzle, rows past m zero-filled), the packed
+// Copies of one stage: the A tile (R rows x A_CHUNKS chunks as 64-deep panels of R rows in the 128-byte swizzle,
+// rows past m zero-filled), the packed
 // codes and metadata of KT k32 rows x W columns (swizzled as in the mma.sp kernel, so the lanes' loads are
 // conflict-free) and the scale rows the stage spans. Per-thread parts are computed once; the next tile's bases
 // advance by additions.
@@ -39,7 +41,11 @@ struct Sm90Loader {
   static constexpr int A_PER = C::A_STAGE / C::THREADS;
   static constexpr int B_PER = C::B_STAGE / C::THREADS;
   static constexpr int B_ROWS = C::THREADS / (C::W / 2);  // k32 rows per pass of the B copy
-  static_assert(C::M_STAGE <= C::THREADS && C::B_STAGE % C::THREADS == 0 && B_ROWS >= 1, "whole passes");
+  static constexpr int M_PER = (C::M_STAGE + C::THREADS - 1) / C::THREADS;
+  static constexpr int M_ROWS = C::THREADS / (C::W / 4);  // k32 rows per pass of the metadata copy
+  static_assert(C::B_STAGE % C::THREADS == 0 && B_ROWS >= 1, "whole passes");
+  static_assert(C::M_STAGE <= C::THREADS || C::M_STAGE % C::THREADS == 0, "whole passes");
+  static_assert(C::A_STAGE % C::THREADS == 0 && A_ROWS % 8 == 0, "passes of whole swizzle rows");
 
   // Shapes, strides and base pointers are read from the kernel parameters (constant memory) when needed, so that
   // the loader holds only what differs per thread or per tile: 255 registers are tight (acc alone is 128).
@@ -57,7 +63,7 @@ struct Sm90Loader {
     const int r = tid / C::A_CHUNKS, j = tid % C::A_CHUNKS;
     a_src = r * (p.k / 8) + j;
     a_rows = m_rows - r;
-    a_dst = (r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
+    a_dst = (((j / 8) * C::R + r) * 8 + (j % 8 ^ r % 8)) * 16;  // panel j / 8
     // B: chunk e = tid + i * THREADS of the stage is chunk e % (W / 2) of k32 row e / (W / 2) (load)
     b_dst = (C::A_STAGE + (tid ^ ((tid >> 1) & 4))) * 16;
     m_src = (tid / (C::W / 4)) * (p.n / 4) + tid % (C::W / 4);
@@ -78,13 +84,17 @@ struct Sm90Loader {
                     tid % (C::W / 2);
 #pragma unroll
     for (int i = 0; i < B_PER; ++i) cp_async16(st + b_dst + i * C::THREADS * 16, b + i * B_ROWS * (p.n / 2));
-    if (C::M_STAGE == C::THREADS || tid < C::M_STAGE) {  // at most one metadata chunk per thread
-      cp_async16(st + m_dst, p.meta + static_cast<int64_t>(row) * (p.n / 4) + ld_col * (C::W / 4) + m_src);
+#pragma unroll
+    for (int i = 0; i < M_PER; ++i) {
+      if (C::M_STAGE >= C::THREADS || tid < C::M_STAGE) {  // fewer chunks than threads: one pass, some threads
+        cp_async16(st + m_dst + i * C::THREADS * 16,
+                   p.meta + static_cast<int64_t>(row + i * M_ROWS) * (p.n / 4) + ld_col * (C::W / 4) + m_src);
+      }
     }
 #pragma unroll
     for (int i = 0; i < A_PER; ++i) {
       const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
-      cp_async16_zfill(st + a_dst + i * C::THREADS * 16,
+      cp_async16_zfill(st + a_dst + i * A_ROWS * 128,
                        a_g + ld_kt * C::A_CHUNKS + (real ? a_src + i * A_ROWS * (p.k / 8) : 0), real ? 16 : 0);
     }
     if (s_copy) {
@@ -152,9 +162,10 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
     for (int e = 0; e < C::ACC; ++e) acc[u][e] = 0.f;
 
   auto compute_stage = [&](uint32_t st) {
-    const uint64_t desc = a_desc(st);
 #pragma unroll
     for (int q = 0; q < C::KT; ++q) {
+      // k32 row q of A: 64 bytes into 64-deep panel q / 2 (R rows of 128 bytes each)
+      const uint64_t desc = a_desc(st) + (q / 2) * (C::R * 128 >> 4) + 4 * (q % 2);
       uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
       lds_words(st + b_x + q * kBRow, wx);
       lds_words(st + b_y + q * kBRow, wy);
@@ -172,8 +183,8 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
       wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
 #pragma unroll
       for (int jj = 0; jj < J; ++jj) {
-        wgmma_sp_m64k32<C::R, 0>(acc[2 * jj], a[2 * jj], mw[jj], desc + 4 * q);
-        wgmma_sp_m64k32<C::R, 1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc + 4 * q);
+        wgmma_sp_m64k32<C::R, 0>(acc[2 * jj], a[2 * jj], mw[jj], desc);
+        wgmma_sp_m64k32<C::R, 1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc);
       }
       wgmma_commit();
       // as in the dense wgmma kernel: the previous group only within a stage, all of them at its end

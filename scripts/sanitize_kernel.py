@@ -6,7 +6,7 @@ compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_k
 Build the kernel first (any call of marlin_cli.kernel.ops.gemm on a GPU), so the sanitizer only sees launches.
 The shapes cover every chunk height, strip width, group kind, act-order, ragged m and the split-k fixup, for the
 sm_80 kernel (m <= 8, groups below 128 at m <= 16, or n too narrow for the wgmma tile) and the wgmma kernel (m > 8
-on the H200), then the 2:4 kernels (mma.sp, and wgmma.sp for m > 16 and short runs at m = 9-16 on the H200).
+on the H200), then the 2:4 kernels (mma.sp, and wgmma.sp for m > 8 on the H200).
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ CASES = [  # m, k, n, group, act_order
 CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and the split-k fixup
     (1, 1024, 256, 128),
     (8, 512, 128, -1),
-    (16, 2048, 256, 32),  # wgmma.sp kernel, 16-row chunks (short runs)
-    (12, 28672, 8192, 128),  # 16 rows on long runs: the mma.sp kernel
+    (16, 2048, 256, 32),  # wgmma.sp kernel, 16 x 128 tiles, 128-deep stages, split k
+    (12, 1024, 16384, 64),  # 16 x 256 tiles
+    (9, 2048, 512, -1),  # per-channel scales
     (24, 512, 384, 128),  # wgmma.sp kernel from 17 rows
     (33, 512, 384, 128),
     (64, 2048, 512, 128),  # wgmma.sp kernel, 64 x 128 tiles: four strips in 8 parts each
