@@ -377,8 +377,7 @@ struct Sm90Cfg {
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;  // whole swizzle atoms
   // 16-row chunks: as many stages as two blocks per SM hold, at most 8 (each block also aligns its ring to 1024
   // bytes); 64-row chunks: 6 (64 x 256) or 8
-  static constexpr int STAGES_FIT =
-      (detail::kSm90SmemPerSm / kMaxBlocksPerSm - detail::kSmemReservePerBlock - 1024) / (STAGE * 16);
+  static constexpr int STAGES_FIT = (detail::kSm90Smem - 1024) / (STAGE * 16);
   static constexpr int STAGES = R == 64 ? (W == 256 ? 6 : 8) : STAGES_FIT < 8 ? STAGES_FIT : 8;
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
@@ -386,7 +385,7 @@ struct Sm90Cfg {
   static_assert(R == 16 || R == 64, "wgmma.sp's n: 16 or 64");
   static_assert(A_CHUNKS % 8 == 0, "the A tile must be whole 128-byte swizzle panels: 64 fp16 per row");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");
-  static_assert(SMEM <= detail::kSm90Smem, "fits wherever the dense wgmma kernel does (has_wgmma)");
+  static_assert(SMEM <= detail::kSm90Smem, "two blocks per SM (has_wgmma)");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream);

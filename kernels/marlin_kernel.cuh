@@ -985,6 +985,8 @@ constexpr int sm90_cols(int rows) { return rows <= 64 ? 256 : 64 * 256 / rows; }
 // Shared memory per SM on the H200 (Hopper), and what the device reserves per block.
 constexpr int kSm90SmemPerSm = 228 * 1024;
 constexpr int kSmemReservePerBlock = 1024;
+// Shared memory of one wgmma block: its share of an SM that holds two (every configuration fits; has_wgmma).
+constexpr int kSm90Smem = kSm90SmemPerSm / kMaxBlocksPerSm - kSmemReservePerBlock;
 
 // The wgmma kernel on sm_90a (marlin_sm90.cu): one warpgroup per block, two blocks per SM, R-row chunks (wgmma's n)
 // by W-column tiles, 64-deep stages (128 for 16-row chunks: perf-log o2). 64 x 256 and 128 x 128 hold 128 fp32
@@ -1012,22 +1014,19 @@ struct Sm90Cfg {
   static constexpr int S_ROWS = KT / 2;
   static constexpr int S_STAGE = S_ROWS * NS * 8;
   static constexpr int STAGE = (A_STAGE + B_STAGE + S_STAGE + 63) / 64 * 64;  // whole 1024-byte swizzle atoms
-  // as many stages as two blocks per SM hold, at most 8 (each block also aligns its ring to 1024 bytes)
-  static constexpr int STAGES_FIT =
-      (kSm90SmemPerSm / kMaxBlocksPerSm - kSmemReservePerBlock - 1024) / (STAGE * 16);
-  static constexpr int STAGES = STAGES_FIT < 8 ? STAGES_FIT : 8;
+  // as many stages as two blocks per SM hold, at most 8 (each block also aligns its ring to 1024 bytes); 16 x 256
+  // tiles take 3, measured faster than 4 or 5 on every layer (perf-log o3)
+  static constexpr int STAGES_FIT = (kSm90Smem - 1024) / (STAGE * 16);
+  static constexpr int STAGES = R == 16 && W == 256 ? 3 : STAGES_FIT < 8 ? STAGES_FIT : 8;
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
   static_assert(R == 16 || R == 64 || R == 128, "wgmma's n: 16, 64 or 128");
   static_assert(NS == 2 || NS == 4, "each warp takes half a strip's words or a whole strip");
   static_assert(A_CHUNKS % 8 == 0, "the A tile must be whole 128-byte swizzle panels: 64 fp16 per row");
   static_assert(NS * ACC <= 128, "at most 128 accumulators per thread");
-  static_assert(STAGES >= 4, "a ring of at least 4 stages");
+  static_assert(STAGES >= 3 && SMEM <= kSm90Smem, "a ring of at least 3 stages, two blocks per SM");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
-// Shared memory a block of any shape needs (has_wgmma).
-constexpr int kSm90Smem = std::max({Sm90Cfg<16>::SMEM, Sm90Cfg<64>::SMEM, Sm90Cfg<128>::SMEM});
-static_assert(Sm90Cfg<64, 128>::SMEM <= kSm90Smem && Sm90Cfg<16, 128>::SMEM <= kSm90Smem, "narrow tiles fit too");
 
 // The wgmma kernel's tile for m > 8 rows and n columns (m <= 8 takes the mma.sync kernel's transposed 8-row chunks,
 // faster there: perf-log o1): 16-row chunks for m <= 16 (not with groups smaller than their 128-deep stage, which
