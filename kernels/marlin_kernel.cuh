@@ -974,11 +974,6 @@ MARLIN_DECLARE_LAUNCHER(2)
 MARLIN_DECLARE_LAUNCHER(3)
 MARLIN_DECLARE_LAUNCHER(4)
 
-// The 2:4 wgmma.sp kernel (sm_90a) takes m > kSm90AboveRows: from 17 rows its 64-row chunks, three quarters empty,
-// run faster than the mma.sp kernel's 32-row ones, as the dense wgmma kernel's did (7B set at m = 32: 105.5 -> ~87 us;
-// perf-log a3).
-constexpr int kSm90AboveRows = 16;
-
 // Columns of the wgmma kernel's widest tile for R-row chunks: 128 fp32 accumulators per thread, at most 256 columns.
 constexpr int sm90_cols(int rows) { return rows <= 64 ? 256 : 64 * 256 / rows; }
 
