@@ -1,0 +1,158 @@
+"""A/B of kernel variants in one process on the GPU: the current kernels against copies of `kernels/` with changes.
+
+python3 scripts/ab_kernels.py DIR [DIR ...] [--m 9,16] [--sets 7b,70b] [--shapes 5120x13824,...] [--kind dense|24|both]
+
+Each DIR holds a full copy of the kernel sources (`kernels/*.cu *.cuh *.h bindings.cpp`) with the change under test.
+Its sources are copied into the build cache with the op namespace renamed (marlin_cli -> marlin_cli_<DIR name>), all
+variants are compiled in parallel for the GPU present, and every layer shape is timed for each build in one process:
+the bench's timing (CUDA graphs over rotated weight copies, scripts/bench_kernel.py), rounds in alternating order,
+since a layer's time drifts within a process with what ran before it. Outputs are checked against the current
+kernels first (relative error above 5e-3 is reported: a variant that changes the summation order differs by ~1e-4).
+Prints the mean of the rounds per layer and summed per layer set, in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_kernel import GROUP, SETS, n_copies, time_ms  # noqa: E402
+
+from marlin_cli.kernel import build, ops  # noqa: E402
+
+
+def _library(name: str) -> Path:
+    return build.cache_dir() / "ab" / name / f"marlin_ab_{name}.so"
+
+
+def _build(args: tuple[str, str]) -> str:
+    """Compile variant `name` from `src` (a copy of kernels/) with its op namespace renamed; returns the name."""
+    src, name = args
+    from torch.utils import cpp_extension
+
+    work = _library(name).parent
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    for f in Path(src).iterdir():
+        if f.suffix in (".cu", ".cuh", ".h", ".cpp"):
+            (work / f.name).write_text(f.read_text().replace("marlin_cli", f"marlin_cli_{name}"))
+    arches = build.arch_list()
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arches  # this process's own: cpp_extension turns it into -gencode flags
+    cpp_extension.load(
+        name=f"marlin_ab_{name}",
+        sources=[str(work / s) for s in build.SOURCES],
+        extra_cflags=["-O3", "-std=c++17"],
+        extra_cuda_cflags=build.cuda_flags(arches),
+        extra_include_paths=[str(work)],
+        build_directory=str(work),
+        is_python_module=False,
+    )
+    return name
+
+
+def launch(ops_ns: object, kind: str, a: torch.Tensor, weights: tuple, ws: torch.Tensor) -> torch.Tensor:
+    """One product through a build's ops (torch.ops.marlin_cli or a variant's namespace)."""
+    return ops_ns.gemm(a, *weights, None, ws) if kind == "dense" else ops_ns.gemm24(a, *weights, ws)
+
+
+def launcher(ops_ns: object, kind: str, a: torch.Tensor, copies: list, ws: torch.Tensor) -> Callable[[int], object]:
+    """fn(i): the product with weight copy i, for time_ms."""
+    return lambda i: launch(ops_ns, kind, a, copies[i], ws)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="+", type=Path, help="copies of kernels/ with the change under test")
+    parser.add_argument("--m", default="9,16")
+    parser.add_argument("--sets", default="7b,70b")
+    parser.add_argument("--shapes", default="", help="more layers as KxN,KxN (an extra set 'more')")
+    parser.add_argument("--kind", choices=("dense", "24", "both"), default="both")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=15, help="graph replays per measurement")
+    args = parser.parse_args()
+    names = [d.resolve().name for d in args.dirs]
+    if len(set(names)) != len(names) or not all(n.isidentifier() for n in names):
+        sys.exit("variant directories need distinct names that are identifiers (they name the op namespaces)")
+    build.build_kernels()  # the current kernels, namespace marlin_cli
+    with multiprocessing.get_context("spawn").Pool(len(names)) as pool:
+        for name in pool.imap_unordered(_build, [(str(d), n) for d, n in zip(args.dirs, names)]):
+            print(f"built {name}", flush=True)
+    for name in names:
+        torch.ops.load_library(str(_library(name)))
+    builds = {"current": torch.ops.marlin_cli, **{n: getattr(torch.ops, f"marlin_cli_{n}") for n in names}}
+
+    sets = {s: SETS[s] for s in args.sets.split(",") if s}
+    if args.shapes:
+        sets["more"] = tuple(tuple(int(v) for v in kn.split("x")) for kn in args.shapes.split(","))
+    ms = [int(m) for m in args.m.split(",")]
+    kinds = ["dense", "24"] if args.kind == "both" else [args.kind]
+    torch.manual_seed(0)
+    ws = ops.workspace(torch.device("cuda"))
+    times: dict[tuple, list[float]] = {}
+    for set_name, shapes in sets.items():
+        for k, n in shapes:
+            s_bytes = (k // GROUP) * n * 2
+            weights = {  # rotated copies: dense (codes, scales), 2:4 (kept codes, metadata, scales)
+                "dense": [
+                    (
+                        torch.randint(-(2**31), 2**31 - 1, (k // 16, 2 * n), device="cuda", dtype=torch.int64).int(),
+                        ((torch.rand(k // GROUP, n, device="cuda") + 0.5) / 64).half(),
+                    )
+                    for _ in range(n_copies(k * n // 2 + s_bytes) if "dense" in kinds else 0)
+                ],
+                "24": [
+                    (
+                        torch.randint(-(2**31), 2**31 - 1, (k // 32, 2 * n), device="cuda", dtype=torch.int64).int(),
+                        torch.full((k // 32, 2 * n), 0x4444, dtype=torch.int16, device="cuda"),
+                        ((torch.rand(k // GROUP, n, device="cuda") + 0.5) / 64).half(),
+                    )
+                    for _ in range(n_copies(k * n * 3 // 8 + s_bytes) if "24" in kinds else 0)
+                ],
+            }
+            for m in ms:
+                a = torch.randn(m, k, device="cuda").half()
+                for kind in kinds:
+                    copies = weights[kind]
+                    ref = launch(builds["current"], kind, a, copies[0], ws).float()
+                    for name in names:
+                        out = launch(builds[name], kind, a, copies[0], ws).float()
+                        err = ((out - ref).abs().max() / ref.abs().max()).item()
+                        if err > 5e-3:
+                            print(f"{name} differs from the current kernels: {kind} {k}x{n} m={m}, {err:.2e}")
+                    order = list(builds)
+                    for r in range(args.rounds):
+                        for name in order if r % 2 == 0 else order[::-1]:
+                            t = time_ms(launcher(builds[name], kind, a, copies, ws), len(copies), args.reps)
+                            times.setdefault((kind, set_name, k, n, m, name), []).append(t * 1e3)
+            del weights
+            torch.cuda.empty_cache()
+
+    def mean(key: tuple) -> float:
+        return sum(times[key]) / len(times[key])
+
+    for kind in kinds:
+        print(f"\n{kind}: us, mean of {args.rounds} rounds in alternating order")
+        print(f"{'set':>6} {'K':>6} {'N':>6} {'M':>5} " + " ".join(f"{b:>10}" for b in builds))
+        for set_name, shapes in sets.items():
+            for m in ms:
+                for k, n in shapes:
+                    row = " ".join(f"{mean((kind, set_name, k, n, m, b)):10.1f}" for b in builds)
+                    print(f"{set_name:>6} {k:>6} {n:>6} {m:>5} {row}")
+                sums = " ".join(f"{sum(mean((kind, set_name, k, n, m, b)) for k, n in shapes):10.1f}" for b in builds)
+                print(f"{set_name:>6} {'sum':>6} {'':>6} {m:>5} {sums}")
+
+
+if __name__ == "__main__":
+    main()
