@@ -37,39 +37,44 @@ using namespace detail;
 // advance by additions.
 template <class C, bool GROUPED>
 struct Sm90Loader {
-  static constexpr int A_ROWS = C::THREADS / C::A_CHUNKS;  // rows per pass of the A copy
-  static constexpr int A_PER = C::A_STAGE / C::THREADS;
+  // A: a pass copies 16 rows of one 64-deep panel (8 chunks per row), one chunk per thread
+  static constexpr int A_PANELS = C::A_CHUNKS / 8;
   static constexpr int B_PER = C::B_STAGE / C::THREADS;
   static constexpr int B_ROWS = C::THREADS / (C::W / 2);  // k32 rows per pass of the B copy
   static constexpr int M_PER = (C::M_STAGE + C::THREADS - 1) / C::THREADS;
   static constexpr int M_ROWS = C::THREADS / (C::W / 4);  // k32 rows per pass of the metadata copy
+  static constexpr int S_PER = (C::S_STAGE + C::THREADS - 1) / C::THREADS;  // scale rows: KT at most (groups of 32)
+  static constexpr int S_ROWS = C::THREADS / (C::W / 8);
   static_assert(C::B_STAGE % C::THREADS == 0 && B_ROWS >= 1, "whole passes");
   static_assert(C::M_STAGE <= C::THREADS || C::M_STAGE % C::THREADS == 0, "whole passes");
-  static_assert(C::A_STAGE % C::THREADS == 0 && A_ROWS % 8 == 0, "passes of whole swizzle rows");
+  static_assert(C::THREADS == 128 && C::R % 16 == 0 && C::A_CHUNKS % 8 == 0, "16 rows of a panel per pass");
+  static_assert(C::S_STAGE <= C::THREADS || C::S_STAGE % C::THREADS == 0, "whole passes");
 
   // Shapes, strides and base pointers are read from the kernel parameters (constant memory) when needed, so that
   // the loader holds only what differs per thread or per tile: 255 registers are tight (acc alone is 128).
   const Params& p;
   const int4* a_g;
-  int a_src, a_rows;  // A: this thread's chunk of row r0, and the rows that exist from r0 on
+  int a_src, a_rows;  // A: this thread's chunk of row r0 (panel 0), and the rows that exist from r0 on
   uint32_t a_dst, b_dst, m_dst, s_dst;
   int m_src, s_src;  // chunk offsets within a k32 row of metadata / a scale row
-  bool s_copy;
+  bool s_copy[S_PER];
   int ld_col, ld_kt;  // next tile to load
 
   __device__ __forceinline__ Sm90Loader(const Params& params, const int4* a_chunk, int m_rows, int t_begin)
       : p(params), a_g(a_chunk) {
     const int tid = threadIdx.x;
-    const int r = tid / C::A_CHUNKS, j = tid % C::A_CHUNKS;
+    const int r = tid / 8, j = tid % 8;
     a_src = r * (p.k / 8) + j;
     a_rows = m_rows - r;
-    a_dst = (((j / 8) * C::R + r) * 8 + (j % 8 ^ r % 8)) * 16;  // panel j / 8
+    a_dst = (r * 8 + (j ^ r % 8)) * 16;
     // B: chunk e = tid + i * THREADS of the stage is chunk e % (W / 2) of k32 row e / (W / 2) (load)
     b_dst = (C::A_STAGE + (tid ^ ((tid >> 1) & 4))) * 16;
     m_src = (tid / (C::W / 4)) * (p.n / 4) + tid % (C::W / 4);
     m_dst = (C::A_STAGE + C::B_STAGE + (tid ^ ((tid >> 3) & 3))) * 16;
     // scales: max(1, KT >> lg_group) rows per stage, the first being the stage's first k32 row >> lg_group
-    s_copy = GROUPED && tid < max(1, C::KT >> p.lg_group) * (C::W / 8);
+    const int s_chunks = max(1, C::KT >> p.lg_group) * (C::W / 8);
+#pragma unroll
+    for (int i = 0; i < S_PER; ++i) s_copy[i] = GROUPED && tid + i * C::THREADS < s_chunks;
     s_src = (tid / (C::W / 8)) * (p.n / 8) + tid % (C::W / 8);
     s_dst = (C::A_STAGE + C::B_STAGE + C::M_STAGE + tid) * 16;
     const int k_tiles = p.k / C::DEPTH;
@@ -92,13 +97,19 @@ struct Sm90Loader {
       }
     }
 #pragma unroll
-    for (int i = 0; i < A_PER; ++i) {
-      const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
-      cp_async16_zfill(st + a_dst + i * A_ROWS * 128,
-                       a_g + ld_kt * C::A_CHUNKS + (real ? a_src + i * A_ROWS * (p.k / 8) : 0), real ? 16 : 0);
-    }
-    if (s_copy) {
-      cp_async16(st + s_dst, p.s + static_cast<int64_t>(row >> p.lg_group) * (p.n / 8) + ld_col * (C::W / 8) + s_src);
+    for (int pn = 0; pn < A_PANELS; ++pn)
+#pragma unroll
+      for (int q = 0; q < C::R / 16; ++q) {
+        const bool real = 16 * q < a_rows;  // rows past m: zero-filled, the source clamped to row 0
+        cp_async16_zfill(st + a_dst + (pn * C::R + 16 * q) * 128,
+                         a_g + ld_kt * C::A_CHUNKS + 8 * pn + (real ? a_src + 16 * q * (p.k / 8) : 0), real ? 16 : 0);
+      }
+#pragma unroll
+    for (int i = 0; i < S_PER; ++i) {
+      if (s_copy[i]) {
+        cp_async16(st + s_dst + i * C::THREADS * 16, p.s + static_cast<int64_t>((row >> p.lg_group) + i * S_ROWS) *
+                                                                (p.n / 8) + ld_col * (C::W / 8) + s_src);
+      }
     }
     if (++ld_kt == p.k / C::DEPTH) {
       ld_kt = 0;

@@ -46,7 +46,7 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (1, 1024, 256, 128),
     (8, 512, 128, -1),
     (16, 2048, 256, 32),  # wgmma.sp kernel, 16 x 128 tiles, 128-deep stages, split k
-    (12, 1024, 16384, 64),  # 16 x 256 tiles
+    (12, 1024, 16384, 32),  # 16 x 256 tiles, 256-deep stages: two passes of scale rows
     (9, 2048, 512, -1),  # per-channel scales
     (24, 512, 384, 128),  # wgmma.sp kernel from 17 rows
     (33, 512, 384, 128),

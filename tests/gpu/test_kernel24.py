@@ -82,7 +82,7 @@ def test_large_shapes(m: int, k: int, n: int) -> None:
     _check(m, k, n, 128)
 
 
-@pytest.mark.parametrize("k,n", [(1024, 768), (4096, 4096)], ids=str)
+@pytest.mark.parametrize("k,n", [(1024, 768), (4096, 4096), (1024, 8192)], ids=str)  # n = 8192: 16 x 256 tiles
 @pytest.mark.parametrize("group", [-1, 32, 64, 128])
 @pytest.mark.parametrize("m", [1, 7, 12, 17, 100, 256])
 def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
