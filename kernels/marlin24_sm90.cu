@@ -38,7 +38,7 @@ using namespace detail;
 template <class C, bool GROUPED>
 struct Sm90Loader {
   // A: a pass copies 16 rows of one 64-deep panel (8 chunks per row), one chunk per thread
-  static constexpr int A_PANELS = C::A_CHUNKS / 8;
+  static constexpr int PANELS = C::A_CHUNKS / 8;  // 64-deep panels of the A tile
   static constexpr int B_PER = C::B_STAGE / C::THREADS;
   static constexpr int B_ROWS = C::THREADS / (C::W / 2);  // k32 rows per pass of the B copy
   static constexpr int M_PER = (C::M_STAGE + C::THREADS - 1) / C::THREADS;
@@ -97,7 +97,7 @@ struct Sm90Loader {
       }
     }
 #pragma unroll
-    for (int pn = 0; pn < A_PANELS; ++pn)
+    for (int pn = 0; pn < PANELS; ++pn)
 #pragma unroll
       for (int q = 0; q < C::R / 16; ++q) {
         const bool real = 16 * q < a_rows;  // rows past m: zero-filled, the source clamped to row 0
