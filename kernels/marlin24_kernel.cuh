@@ -376,10 +376,9 @@ struct Sm90Cfg {
   static constexpr int M_STAGE = KT * W / 4;    // metadata: 32 chunks per k32 row and 128 columns
   static constexpr int S_STAGE = KT * W / 8;    // up to KT scale rows (group size 32)
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;  // whole swizzle atoms
-  // 16-row chunks: as many stages as two blocks per SM hold, at most 8 (each block also aligns its ring to 1024
-  // bytes): 3 at 256 columns, 8 at 128; 64-row chunks: 6 (64 x 256: 7 fit, measured no faster) or 8
-  static constexpr int STAGES_FIT = (detail::kSm90Smem - 1024) / (STAGE * 16);
-  static constexpr int STAGES = R == 64 ? (W == 256 ? 6 : 8) : STAGES_FIT < 8 ? STAGES_FIT : 8;
+  // 16-row chunks: as many stages as two blocks per SM hold, at most 8 (3 at 256 columns, 8 at 128); 64-row chunks:
+  // 6 (64 x 256: 7 fit, measured no faster) or 8
+  static constexpr int STAGES = R == 64 ? (W == 256 ? 6 : 8) : detail::sm90_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
   static_assert(W == 128 || W == 256, "one or two strips");

@@ -66,7 +66,7 @@ struct Sm90Loader {
     const int r = tid / 8, j = tid % 8;
     a_src = r * (p.k / 8) + j;
     a_rows = m_rows - r;
-    a_dst = (r * 8 + (j ^ r % 8)) * 16;
+    a_dst = a_panel_chunk<C::R>(r, j) * 16;
     // B: chunk e = tid + i * THREADS of the stage is chunk e % (W / 2) of k32 row e / (W / 2) (load)
     b_dst = (C::A_STAGE + (tid ^ ((tid >> 1) & 4))) * 16;
     m_src = (tid / (C::W / 4)) * (p.n / 4) + tid % (C::W / 4);
@@ -175,8 +175,7 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
   auto compute_stage = [&](uint32_t st) {
 #pragma unroll
     for (int q = 0; q < C::KT; ++q) {
-      // k32 row q of A: 64 bytes into 64-deep panel q / 2 (R rows of 128 bytes each)
-      const uint64_t desc = a_desc(st) + (q / 2) * (C::R * 128 >> 4) + 4 * (q % 2);
+      const uint64_t desc = a_panel_desc(st, C::R, 2 * q);  // k32 row q of A: k16 tiles 2q, 2q + 1
       uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
       lds_words(st + b_x + q * kBRow, wx);
       lds_words(st + b_y + q * kBRow, wy);

@@ -299,6 +299,13 @@ inline int group_lg(int k, int groups, int unit) {
 // Loading one pipeline stage (both dense kernels)
 // ---------------------------------------------------------------------------------------------------------------
 
+// The wgmma kernels' A tile as 64-deep panels of ROWS rows one after another, each the 128-byte swizzle wgmma
+// reads: the int4 where chunk j (8 per panel row) of row r lands (StageLoader, sparse24::Sm90Loader; a_panel_desc).
+template <int ROWS>
+__device__ __forceinline__ int a_panel_chunk(int r, int j) {
+  return (j / 8) * ROWS * 8 + r * 8 + ((j % 8) ^ (r % 8));
+}
+
 // A stage holds, from its first byte: the A tile (R rows x A_CHUNKS 16-byte chunks), the packed weights (KT rows x
 // NS strips x 32 lanes of 16 bytes, in copy order, so a lane later reads its own 16 bytes) and the scale rows the
 // stage spans. Every thread's share of a stage is fixed: only the tile's (column strip, k-tile) base moves. The
@@ -321,8 +328,8 @@ struct StageLoader {
   uint32_t b_dst;
   // A: chunk j of row r lands at r * A_CHUNKS + (j ^ (r % 8)), so the 8 rows one ldmatrix phase reads fall in 8
   // different 16-byte bank groups (and a 64-deep stage is exactly the 128-byte swizzle of a wgmma operand). With
-  // A_PANELS (the wgmma kernels) a deeper stage is A_CHUNKS / 8 such 64-deep panels of R rows one after another:
-  // chunk j of row r lands at (j / 8) R 8 + r 8 + (j % 8 ^ r % 8). Rows past m are zero-filled (no global read).
+  // A_PANELS (the wgmma kernels) a deeper stage is A_CHUNKS / 8 such 64-deep panels of R rows one after another
+  // (a_panel_chunk). Rows past m are zero-filled (no global read).
   // Pass i copies row r0 + i * A_ROWS (chunk j stays, so does r % 8: the destinations are a_dst + i * A_PASS).
   // Without COPY_A the kernel brings the A tile itself (the wgmma kernel: one tensor copy per stage).
   static constexpr int A_ROWS = C::THREADS / C::A_CHUNKS;
@@ -353,7 +360,7 @@ struct StageLoader {
       a_src = r * a_row + j;
       a_pass = A_ROWS * a_row;
       a_rows = m_rows - r;
-      a_dst = (C::A_PANELS ? (j / 8) * C::R * 8 + r * 8 + ((j % 8) ^ (r % 8)) : r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
+      a_dst = (C::A_PANELS ? a_panel_chunk<C::R>(r, j) : r * C::A_CHUNKS + (j ^ (r % 8))) * 16;
     }
     const int s_rows = max(1, C::KT >> p.lg_group);
     s_copy = GROUPED && tid < s_rows * C::NS * 8;
@@ -982,6 +989,8 @@ constexpr int kSm90SmemPerSm = 228 * 1024;
 constexpr int kSmemReservePerBlock = 1024;
 // Shared memory of one wgmma block: its share of an SM that holds two (every configuration fits; has_wgmma).
 constexpr int kSm90Smem = kSm90SmemPerSm / kMaxBlocksPerSm - kSmemReservePerBlock;
+// Stages of `stage` int4 that such a block holds, at most 8 (it also aligns its ring to 1024 bytes).
+constexpr int sm90_stages_fit(int stage) { return std::min((kSm90Smem - 1024) / (stage * 16), 8); }
 
 // The wgmma kernel on sm_90a (marlin_sm90.cu): one warpgroup per block, two blocks per SM, R-row chunks (wgmma's n)
 // by W-column tiles, 64-deep stages (128 for 16-row chunks: perf-log o2). 64 x 256 and 128 x 128 hold 128 fp32
@@ -1009,10 +1018,9 @@ struct Sm90Cfg {
   static constexpr int S_ROWS = KT / 2;
   static constexpr int S_STAGE = S_ROWS * NS * 8;
   static constexpr int STAGE = (A_STAGE + B_STAGE + S_STAGE + 63) / 64 * 64;  // whole 1024-byte swizzle atoms
-  // as many stages as two blocks per SM hold, at most 8 (each block also aligns its ring to 1024 bytes); 16 x 256
-  // tiles take 3, measured faster than 4 or 5 on every layer (perf-log o3)
-  static constexpr int STAGES_FIT = (kSm90Smem - 1024) / (STAGE * 16);
-  static constexpr int STAGES = R == 16 && W == 256 ? 3 : STAGES_FIT < 8 ? STAGES_FIT : 8;
+  // as many stages as two blocks per SM hold, at most 8; 16 x 256 tiles take 3, measured faster than 4 or 5 on every
+  // layer (perf-log o3)
+  static constexpr int STAGES = R == 16 && W == 256 ? 3 : sm90_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
   static_assert(R == 16 || R == 64 || R == 128, "wgmma's n: 16, 64 or 128");

@@ -122,8 +122,6 @@ __global__ void __launch_bounds__(C::THREADS, 2)
     lds_tile_words(st, q, bw);
     if (GROUPED) lds_words(st + s_off + ((q >> p.lg_group) * C::NS * 8 * 16), sw);
   };
-  // The A operand of the stage at st's k16 tile q: 32 bytes into 64-deep panel q / 4 (R rows of 128 bytes each).
-  auto tile_desc = [](uint32_t st, int q) { return a_desc(st) + (q / 4) * (C::R * 128 >> 4) + 2 * (q % 4); };
   // Within a stage, wait for the previous k16 tile's wgmma only (their fragment registers are reused next). At the
   // end of a stage, wait for all: ptxas may move accumulators at the loop's back edge.
   auto wait_tile = [](int q) {
@@ -150,7 +148,7 @@ __global__ void __launch_bounds__(C::THREADS, 2)
       }
       wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
 #pragma unroll
-      for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(acc[j], a[j], tile_desc(st, q));
+      for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(acc[j], a[j], a_panel_desc(st, C::R, q));
       wgmma_commit();
       if (q + 1 < C::KT) lds_tile(st, q + 1, bw, sw);
       wait_tile(q);
@@ -180,13 +178,13 @@ __global__ void __launch_bounds__(C::THREADS, 2)
       }
       wgmma_fence();
       if (q == 0) {  // the stage's first products start the sums
-        wgmma_m64k16<C::R, false>(base, kOffset, tile_desc(st, q));
+        wgmma_m64k16<C::R, false>(base, kOffset, a_panel_desc(st, C::R, q));
 #pragma unroll
-        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R, false>(raw[j], a[j], tile_desc(st, q));
+        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R, false>(raw[j], a[j], a_panel_desc(st, C::R, q));
       } else {
-        wgmma_m64k16<C::R>(base, kOffset, tile_desc(st, q));
+        wgmma_m64k16<C::R>(base, kOffset, a_panel_desc(st, C::R, q));
 #pragma unroll
-        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(raw[j], a[j], tile_desc(st, q));
+        for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(raw[j], a[j], a_panel_desc(st, C::R, q));
       }
       wgmma_commit();
       if (q + 1 < C::KT) lds_tile_words(st, q + 1, bw);

@@ -26,6 +26,12 @@ __device__ __forceinline__ uint64_t a_desc(uint32_t addr) {
   return ((addr & 0x3ffff) >> 4) | (kLbo << 16) | (kSbo << 32) | (kSwizzle128 << 62);
 }
 
+// The A operand at k16 tile q of a stage whose A tile is 64-deep swizzle panels of `rows` rows (a_panel_chunk):
+// 32 bytes per k16 tile into panel q / 4.
+__device__ __forceinline__ uint64_t a_panel_desc(uint32_t st, int rows, int q) {
+  return a_desc(st) + (q / 4) * (rows * 128 >> 4) + 2 * (q % 4);
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
