@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_kernel import GROUP, SETS, n_copies, time_ms  # noqa: E402
+from bench_kernel import SETS, dense_copies, sparse24_copies, time_ms  # noqa: E402
 
 from marlin_cli.kernel import build, ops  # noqa: E402
 
@@ -103,23 +103,10 @@ def main() -> None:
     times: dict[tuple, list[float]] = {}
     for set_name, shapes in sets.items():
         for k, n in shapes:
-            s_bytes = (k // GROUP) * n * 2
-            weights = {  # rotated copies: dense (codes, scales), 2:4 (kept codes, metadata, scales)
-                "dense": [
-                    (
-                        torch.randint(-(2**31), 2**31 - 1, (k // 16, 2 * n), device="cuda", dtype=torch.int64).int(),
-                        ((torch.rand(k // GROUP, n, device="cuda") + 0.5) / 64).half(),
-                    )
-                    for _ in range(n_copies(k * n // 2 + s_bytes) if "dense" in kinds else 0)
-                ],
-                "24": [
-                    (
-                        torch.randint(-(2**31), 2**31 - 1, (k // 32, 2 * n), device="cuda", dtype=torch.int64).int(),
-                        torch.full((k // 32, 2 * n), 0x4444, dtype=torch.int16, device="cuda"),
-                        ((torch.rand(k // GROUP, n, device="cuda") + 0.5) / 64).half(),
-                    )
-                    for _ in range(n_copies(k * n * 3 // 8 + s_bytes) if "24" in kinds else 0)
-                ],
+            # rotated copies: dense (codes, scales), 2:4 (kept codes, metadata, scales)
+            weights = {
+                "dense": dense_copies(k, n) if "dense" in kinds else [],
+                "24": sparse24_copies(k, n) if "24" in kinds else [],
             }
             for m in ms:
                 a = torch.randn(m, k, device="cuda").half()

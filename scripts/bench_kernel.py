@@ -96,6 +96,32 @@ def n_copies(bytes_per_copy: int) -> int:
     return max(2, -(-ROTATE_BYTES // bytes_per_copy))
 
 
+def dense_copies(k: int, n: int, device: str = "cuda") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Rotated copies of a random k x n Marlin weight: (packed codes, fp16 group scales)."""
+    copies = n_copies(k * n // 2 + (k // GROUP) * n * 2)
+    return [
+        (
+            torch.randint(-(2**31), 2**31 - 1, (k // 16, 2 * n), device=device, dtype=torch.int64).int(),
+            ((torch.rand(k // GROUP, n, device=device) + 0.5) / 64).half(),
+        )
+        for _ in range(copies)
+    ]
+
+
+def sparse24_copies(k: int, n: int, device: str = "cuda") -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Rotated copies of a random k x n 2:4 weight: (kept codes (K/32, 2N) int32, metadata (K/32, 2N) int16, scales);
+    the metadata's values do not change the work."""
+    copies = n_copies(k * n * 3 // 8 + (k // GROUP) * n * 2)
+    return [
+        (
+            torch.randint(-(2**31), 2**31 - 1, (k // 32, 2 * n), device=device, dtype=torch.int64).int(),
+            torch.full((k // 32, 2 * n), 0x4444, dtype=torch.int16, device=device),
+            ((torch.rand(k // GROUP, n, device=device) + 0.5) / 64).half(),
+        )
+        for _ in range(copies)
+    ]
+
+
 def tinygemm_weights(k: int, n: int) -> tuple[list[torch.Tensor], torch.Tensor] | None:
     """Rotated copies of a weight in torch's tinygemm int4 layout, or None where this torch build lacks it."""
     codes = torch.randint(0, 16, (n, k), device="cuda", dtype=torch.int32)
@@ -119,32 +145,20 @@ def bench_layer(
     dev = "cuda"
     b_bytes = k * n // 2
     s_bytes = (k // GROUP) * n * 2
-    copies_q = n_copies(b_bytes + s_bytes)
-    bs = [
-        torch.randint(-(2**31), 2**31 - 1, (k // 16, 2 * n), device=dev, dtype=torch.int64).int()
-        for _ in range(copies_q)
-    ]
-    ss = [((torch.rand(k // GROUP, n, device=dev) + 0.5) / 64).half() for _ in range(copies_q)]
+    dense = dense_copies(k, n)
     copies_h = n_copies(k * n * 2)
     ws = [] if only_ours else [torch.randn(n, k, device=dev).half() for _ in range(copies_h)]  # Linear weight (N, K)
     tiny = None if only_ours else tinygemm_weights(k, n)
-    # 2:4: kept codes (K/32, 2N) int32 + metadata (K/32, 2N) int16; the metadata's values do not change the work
-    copies_24 = n_copies(b_bytes // 2 + b_bytes // 4 + s_bytes)
-    b24s = [
-        torch.randint(-(2**31), 2**31 - 1, (k // 32, 2 * n), device=dev, dtype=torch.int64).int()
-        for _ in range(copies_24)
-    ]
-    metas = [torch.full((k // 32, 2 * n), 0x4444, dtype=torch.int16, device=dev) for _ in range(copies_24)]
-    s24s = [((torch.rand(k // GROUP, n, device=dev) + 0.5) / 64).half() for _ in range(copies_24)]
+    sparse = sparse24_copies(k, n)
     rows = []
     for m in ms:
         a = torch.randn(m, k, device=dev).half()
         t_cublas = (
             float("nan") if only_ours else time_ms(lambda i, a=a: torch.nn.functional.linear(a, ws[i]), copies_h, reps)
         )
-        t_ours = time_ms(lambda i, a=a: ops.gemm(a, bs[i], ss[i]), copies_q, reps)
-        t_alone = time_ms(lambda i, a=a: (spacer[0].add_(1.0), ops.gemm(a, bs[i], ss[i])), copies_q, reps) - spacer[1]
-        t_24 = time_ms(lambda i, a=a: ops.gemm24(a, b24s[i], metas[i], s24s[i]), copies_24, reps)
+        t_ours = time_ms(lambda i, a=a: ops.gemm(a, *dense[i]), len(dense), reps)
+        t_alone = time_ms(lambda i, a=a: (spacer[0].add_(1.0), ops.gemm(a, *dense[i])), len(dense), reps) - spacer[1]
+        t_24 = time_ms(lambda i, a=a: ops.gemm24(a, *sparse[i]), len(sparse), reps)
         t_tiny = None
         if tiny is not None:
             a16 = a.bfloat16()  # tinygemm's CUDA path takes bf16 activations and scales
