@@ -106,7 +106,7 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
     return cudaErrorInvalidConfiguration;
   }
   const int rows = sm90 ? tile.rows : choice.rows;
-  const int blocks_per_sm = sm90 || choice.rows <= 32 ? kMaxBlocksPerSm : 1;
+  const int blocks_per_sm = sm90 ? sm90_blocks_per_sm(tile.rows) : choice.rows <= 32 ? kMaxBlocksPerSm : 1;
   const int n_cols = g.n / (sm90 ? tile.cols : 64 * choice.ns);
 
   Params p;

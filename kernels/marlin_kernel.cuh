@@ -312,7 +312,7 @@ __device__ __forceinline__ int a_panel_chunk(int r, int j) {
 // per-thread parts are computed once; the bases of the next stage to load live in registers and advance by
 // additions, so a stage's copies cost no index arithmetic beyond one add per pointer. Shared-memory destinations
 // are byte offsets from the slot's address.
-template <class C, bool GROUPED, bool COPY_A = true>
+template <class C, bool GROUPED>
 struct StageLoader {
   static constexpr int B_PASS = C::THREADS / (C::NS * 32);
   static constexpr int A_PER = (C::A_STAGE + C::THREADS - 1) / C::THREADS;
@@ -331,7 +331,6 @@ struct StageLoader {
   // A_PANELS (the wgmma kernels) a deeper stage is A_CHUNKS / 8 such 64-deep panels of R rows one after another
   // (a_panel_chunk). Rows past m are zero-filled (no global read).
   // Pass i copies row r0 + i * A_ROWS (chunk j stays, so does r % 8: the destinations are a_dst + i * A_PASS).
-  // Without COPY_A the kernel brings the A tile itself (the wgmma kernel: one tensor copy per stage).
   static constexpr int A_ROWS = C::THREADS / C::A_CHUNKS;
   static constexpr uint32_t A_PASS = (C::A_PANELS ? A_ROWS * 8 : C::THREADS) * 16;
   static_assert(C::THREADS % C::A_CHUNKS == 0 && A_ROWS % 8 == 0, "every pass keeps a thread's chunk and swizzle");
@@ -383,7 +382,7 @@ struct StageLoader {
       cp_async16(st + b_dst + i * C::THREADS * 16, ld_b + i * b_pass);
     }
 #pragma unroll
-    for (int i = 0; i < (COPY_A ? A_PER : 0); ++i) {
+    for (int i = 0; i < A_PER; ++i) {
       if (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE) {
         const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
         cp_async16_zfill(st + a_dst + i * A_PASS, a_g + (ld_a + (real ? a_src + i * a_pass : 0)),
@@ -981,9 +980,6 @@ MARLIN_DECLARE_LAUNCHER(2)
 MARLIN_DECLARE_LAUNCHER(3)
 MARLIN_DECLARE_LAUNCHER(4)
 
-// Columns of the wgmma kernel's widest tile for R-row chunks: 128 fp32 accumulators per thread, at most 256 columns.
-constexpr int sm90_cols(int rows) { return rows <= 64 ? 256 : 64 * 256 / rows; }
-
 // Shared memory per SM on the H200 (Hopper), and what the device reserves per block.
 constexpr int kSm90SmemPerSm = 228 * 1024;
 constexpr int kSmemReservePerBlock = 1024;
@@ -992,24 +988,23 @@ constexpr int kSm90Smem = kSm90SmemPerSm / kMaxBlocksPerSm - kSmemReservePerBloc
 // Stages of `stage` int4 that such a block holds, at most 8 (it also aligns its ring to 1024 bytes).
 constexpr int sm90_stages_fit(int stage) { return std::min((kSm90Smem - 1024) / (stage * 16), 8); }
 
-// The wgmma kernel on sm_90a (marlin_sm90.cu): one warpgroup per block, two blocks per SM, R-row chunks (wgmma's n)
-// by W-column tiles, 64-deep stages (128 for 16-row chunks: perf-log o2). 64 x 256 and 128 x 128 hold 128 fp32
-// accumulators per thread; 128-row chunks (m > 64) use each dequantized weight for twice the rows, so they dequantize
-// half as often per product (perf-log w4). 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column
-// tiles to fill the GPU (sm90_tile). 16-row chunks (OFFSET) hold 8 accumulators per wgmma: there the weights enter
-// wgmma still offset (1024 + q, 64 + q: no subtract and no fp16 scaling per weight) and each stage's fp32 sums are
-// corrected and scaled once, as the mma.sync kernel's 8-row chunks do (perf-log o1).
-template <int R_, int W_ = sm90_cols(R_)>
+// The wgmma kernel on sm_90a (marlin_sm90.cu) for m = 9-64: one warpgroup per block, two blocks per SM, R-row chunks
+// (wgmma's n) by W-column tiles, 64-deep stages (128 for 16-row chunks: perf-log o2). 64 x 256 tiles hold 128 fp32
+// accumulators per thread, 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column tiles to fill the
+// GPU (sm90_tile). 16-row chunks (OFFSET) hold 8 accumulators per wgmma: there the weights enter wgmma still offset
+// (1024 + q, 64 + q: no subtract and no fp16 scaling per weight) and each stage's fp32 sums are corrected and scaled
+// once, as the mma.sync kernel's 8-row chunks do (perf-log o1).
+template <int R_, int W_ = 256>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
   static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
   static constexpr int W = W_;
-  static constexpr int NS = W / 64;    // 64-column strips; also the wgmma (packed words) per warp and k16 tile
+  static constexpr int STRIPS = W / 64;  // 64-column strips of the tile
+  static constexpr int NS = STRIPS;      // of the warpgroup; also its wgmma (packed words) per warp and k16 tile
   // k16 tiles per stage: one 128-byte swizzle row of A per row, two for 16-row chunks (their per-stage work, the
   // correction above included, then serves twice the weights)
   static constexpr int KT = R == 16 ? 8 : 4;
   static constexpr int DEPTH = 16 * KT;  // k per tile
-  static constexpr bool A_TMA = R == 128;  // the A tile by one tensor copy instead of cp.async (marlin_sm90.cu)
   static constexpr bool OFFSET = R == 16;  // offset weights, fp32 scaling per stage (above)
   static constexpr int A_CHUNKS = 2 * KT;
   static constexpr bool A_PANELS = true;  // the A tile as 64-deep swizzle panels (StageLoader)
@@ -1023,25 +1018,54 @@ struct Sm90Cfg {
   static constexpr int STAGES = R == 16 && W == 256 ? 3 : sm90_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
-  static_assert(R == 16 || R == 64 || R == 128, "wgmma's n: 16, 64 or 128");
+  static_assert(R == 16 || R == 64, "wgmma's n: 16 or 64");
   static_assert(NS == 2 || NS == 4, "each warp takes half a strip's words or a whole strip");
   static_assert(A_CHUNKS % 8 == 0, "the A tile must be whole 128-byte swizzle panels: 64 fp16 per row");
-  static_assert(NS * ACC <= 128, "at most 128 accumulators per thread");
   static_assert(STAGES >= 3 && SMEM <= kSm90Smem, "a ring of at least 3 stages, two blocks per SM");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 
+// The warp-specialized wgmma kernel for m > 64 (marlin_sm90.cu): R-row chunks (128, or 256 for m > 128) by W columns
+// (256 or 128 for 128-row chunks, 128 for 256-row ones), one block per SM of two computing warpgroups (W / 2 columns
+// each: two m64n128k16 per k16 tile at 128 x 256, one m64n128k16 at 128 x 128, one m64n256k16 at 256 x 128) and one
+// warpgroup of which one thread issues the stages' copies: the A tile by a tensor copy, weights and scales by bulk
+// copies, each ring slot's arrival and release counted on mbarriers, no block barrier in the loop (perf-log w8).
+template <int R_, int W_>
+struct Sm90WsCfg {
+  static constexpr int CONSUMERS = 2;                  // computing warpgroups
+  static constexpr int THREADS = 128 * CONSUMERS;      // computing threads (the column map and the parts' layout)
+  static constexpr int BLOCK_THREADS = THREADS + 128;  // + the copying warpgroup
+  // registers per thread after setmaxnreg: each of the SM's four schedulers holds two computing warps and a copying
+  // one in its 16K registers (at launch all three get 168)
+  static constexpr int COPY_REGS = 40, COMPUTE_REGS = 232;
+  static constexpr int R = R_, W = W_;
+  static constexpr int STRIPS = W / 64;          // 64-column strips of the tile
+  static constexpr int NS = STRIPS / CONSUMERS;  // of a warpgroup; also its wgmma (packed words) per warp and k16 tile
+  static constexpr int KT = 4, DEPTH = 16 * KT;
+  static constexpr int A_STAGE = R * 8;             // one 64 x R tensor-copy box
+  static constexpr int B_STAGE = KT * STRIPS * 32;  // KT rows of STRIPS x 32 lanes x 16 bytes, one bulk copy each
+  static constexpr int S_ROWS = KT / 2;             // scale rows a stage spans (groups of 32), one bulk copy each
+  static constexpr int S_STAGE = S_ROWS * STRIPS * 8;
+  static constexpr int STAGE = (A_STAGE + B_STAGE + S_STAGE + 63) / 64 * 64;  // whole 1024-byte swizzle atoms
+  static constexpr int STAGES = std::min(8, (kSm90SmemPerSm - kSmemReservePerBlock - 2048) / (STAGE * 16));
+  static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
+  static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma
+  static_assert((R == 128 && (W == 128 || W == 256)) || (R == 256 && W == 128), "128 accumulators at most");
+  static_assert(STAGES >= 4, "a ring of at least 4 stages");
+  static_assert(R * W <= kMaxBlocksPerSm * kMaxTileElems, "one block per SM: its partial tile takes two blocks' slots");
+};
+
 // The wgmma kernel's tile for m > 8 rows and n columns (m <= 8 takes the mma.sync kernel's transposed 8-row chunks,
 // faster there: perf-log o1): 16-row chunks for m <= 16 (not with groups smaller than their 128-deep stage, which
-// would need the fp32 scaling more than once per stage: the mma.sync kernel takes those); 128-row chunks by 128
-// columns for m > 64; else 64-row chunks.
-// Chunks of 16 and 64 rows take 256 columns, or 128 where 256-column strips in at most 8 parts each would leave more
-// than a quarter of the device's `slots` block slots empty (7B layers with n = 4096 fill half of them).
+// would need the fp32 scaling more than once per stage: the mma.sync kernel takes those); 64-row chunks up to
+// m = 64; the warp-specialized kernel's 128-row chunks up to m = 128 and 256-row chunks by 128 columns above.
+// Chunks of 16, 64 and 128 rows take 256 columns, or 128 where 256-column strips in at most 8 parts each would leave
+// more than a quarter of the device's `slots` (two per SM) empty (7B layers with n = 4096 fill half of them).
 // cols = 0: no wgmma tile fits.
 struct Sm90Tile {
   int rows, cols;
 };
-// The width of 16- and 64-row chunks' tiles on n columns; also the 2:4 wgmma.sp kernel's.
+// The width of 16-, 64- and 128-row chunks' tiles on n columns; also the 2:4 wgmma.sp kernel's.
 inline int sm90_cols64(int n, int slots) {
   if (n % 256 == 0 && 4 * (n / 256 * 8) >= 3 * slots) return 256;
   return n % 128 == 0 ? 128 : 0;
@@ -1049,7 +1073,8 @@ inline int sm90_cols64(int n, int slots) {
 inline Sm90Tile sm90_tile(int m, int n, int slots, bool small_groups) {
   if (m <= 8) return {8, 0};
   if (m <= 16) return {16, small_groups ? 0 : sm90_cols64(n, slots)};
-  if (m > 64) return {128, n % 128 == 0 ? 128 : 0};
+  if (m > 128) return {256, n % 128 == 0 ? 128 : 0};
+  if (m > 64) return {128, sm90_cols64(n, slots)};
   return {64, sm90_cols64(n, slots)};
 }
 cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,
@@ -1057,14 +1082,16 @@ cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int
 // Whether the wgmma kernels can run: built for sm_90a (MARLIN_SM90A) and the device is compute capability 9.0.
 bool has_wgmma(int device);
 
-// Blocks per chunk for the wgmma kernels on `rows`-row chunks (two blocks per SM): every block slot, shared by `par`
-// chunks. Chunks of 64 rows and more take at most 8 parts per column strip: such a tile's fp32 partial is 64 KB, as
-// much as 8 64 x 256 tiles of dense weights, written and read back (4096 x 4096 at m = 64, when one block added the
-// parts: 33.5 -> 21.5 us; perf-log). A 16-row partial is one or two tiles of weights, as in the mma.sync kernels,
-// which take every slot (a cap of 8 parts there: the 7B set at m = 16 +3%, perf-log o1).
+// Blocks per SM of the wgmma kernels on `rows`-row chunks: two of one warpgroup, or one warp-specialized block.
+inline int sm90_blocks_per_sm(int rows) { return rows >= 128 ? 1 : kMaxBlocksPerSm; }
+// Blocks per chunk for the wgmma kernels on `rows`-row chunks: every block slot, shared by `par` chunks. Chunks of
+// 64 rows and more take at most 8 parts per column strip: a 64-row tile's fp32 partial is 64 KB (128 KB from 128
+// rows), as much as 8 64 x 256 tiles of dense weights, written and read back (4096 x 4096 at m = 64, when one block
+// added the parts: 33.5 -> 21.5 us; perf-log). A 16-row partial is one or two tiles of weights, as in the mma.sync
+// kernels, which take every slot (a cap of 8 parts there: the 7B set at m = 16 +3%, perf-log o1).
 inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles, int rows) {
   constexpr int kParts = 8;
-  const int all = sms * kMaxBlocksPerSm / par;
+  const int all = sms * sm90_blocks_per_sm(rows) / par;
   if (rows <= 16) return all;
   const int min_iters = (k_tiles + kParts - 1) / kParts;
   const int capped = (n_cols * k_tiles + min_iters - 1) / min_iters;

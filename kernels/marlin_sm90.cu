@@ -3,32 +3,38 @@
 // mma.sync runs at about half of the H200's tensor rate, which caps the sm_80 kernel (marlin_kernel.cuh) below
 // cuBLAS from m = 64 on. Here the roles are transposed: C^T (n, m) = dequant(B)^T (n, k) @ A^T (k, m), so the
 // dequantized weights are wgmma's register operand (m64 = 64 output columns per instruction) and the activations
-// its shared-memory operand (n = 64 rows of A, the 128-byte-swizzled tile the stage loader already writes).
+// its shared-memory operand (n = the chunk's rows of A, the 128-byte-swizzled tile of the stage).
 //
 // The layout makes this free: a lane's packed word j of a 64-column strip dequantizes to the B fragments of the
 // strip's n8 sub-tiles 2j and 2j + 1 (DESIGN.md 3.1), which are exactly the rows g and g + 8 of an m16k16 register
-// fragment. With 64-row chunks (64 x 256 tiles) warp w of the warpgroup reads its own 16 bytes of strip w (as in the
-// sm_80 kernel) and feeds word j to the j-th wgmma, whose 64 rows are therefore columns {strip w, sub-tiles 2j,
-// 2j + 1} for w = 0..3: four m64n64k16 per k16 tile cover the block's 256 columns. With 128-column tiles warps 2s
-// and 2s + 1 share strip s, each taking 8 of its lane's 16 bytes (words 2(w % 2) + j), and two wgmma per k16 tile
-// cover the 128 columns: with 128-row chunks (128 x 128 tiles, m > 64) two m64n128k16, the same accumulators and
-// half the dequantization per product; with 64-row chunks on layers too narrow for 256-column tiles to fill the
-// GPU (64 x 128 tiles) two m64n64k16. In all the accumulators map back to columns when C is written.
+// fragment, and a wgmma's 64 rows may be any columns. Warp w of a warpgroup with NS strips takes strip w NS / 4 and
+// NS of its lanes' 4 words (warp_strip, warp_word0) and feeds word j to the j-th wgmma, whose 64 rows are then
+// columns {sub-tiles 2j, 2j + 1 of each warp's strip and words}:
+// - 64 x 256 tiles (m = 17-64): warp w reads its own 16 bytes of strip w, four m64n64k16 per k16 tile;
+// - 64 x 128 (m = 17-64 on layers too narrow for 256 columns to fill the GPU): warps 2s and 2s + 1 share strip s,
+//   each taking 8 of its lanes' 16 bytes, two m64n64k16;
+// - m > 64, the warp-specialized kernel: two warpgroups, each on half of the tile's strips as above: 128 x 256 tiles
+//   two m64n128k16 per warpgroup and k16 tile, 128 x 128 one, 256 x 128 (m > 128) one m64n256k16. Each dequantized
+//   weight serves 128 or 256 rows, so the dequantization per product is a half or a quarter of the 64-row chunks'
+//   (perf-log w4, w8).
+// In all the accumulators map back to columns when C is written.
 //
 // With 16-row chunks (m = 9-16: m64n16k16, 8 accumulators per wgmma) the weights enter wgmma still offset, as the
 // mma.sync kernel's 8-row chunks do: no subtract and no fp16 scaling per weight (5 instead of 13 instructions per
 // packed word), one more wgmma of a constant tile per k16 tile for the offsets' product, and each stage's fp32 sums
 // corrected and scaled once (compute_offset). Their stages are 128 deep, the A tile two 64-deep swizzle panels.
 //
-// With 128-row chunks a stage's A tile (128 rows x 64 k, 16 KB) comes by one tensor copy (TMA) that thread 0
-// issues, landing in the 128-byte swizzle wgmma reads and counted on the ring slot's mbarrier; rows past m arrive
-// as zeros. Copied by cp.async, 16 bytes per thread and instruction, it took a third of the run to issue (3-6%
-// faster this way; the 8 KB tiles of 64-row chunks measured 2-5% slower with it: perf-log w5).
-// The striped partition, the StageLoader (weights and scales) and chunks side by side for larger m are the sm_80
-// kernel's; parts of split column strips are saved straight from the registers and added after the launch by
-// add_parts_kernel (wgmma.cuh).
+// Up to m = 64 a block is one warpgroup that copies its stages itself (StageLoader, 16-byte cp.async) around a block
+// barrier per stage, the sm_80 kernel's ring loop; two blocks share an SM. Above, a block is two computing
+// warpgroups and one thread that only copies: per stage one tensor copy (TMA) of the A tile, landing in the 128-byte
+// swizzle wgmma reads with rows past m as zeros, and one bulk copy per k16 row of weights and per scale row, all
+// counted on the ring slot's mbarrier; the computing threads release a slot on a second mbarrier. Copied by cp.async
+// from every thread, the 128-row A tile alone took a third of the run to issue (perf-log w5), and the block barrier
+// over eight warps gave back more than a 256 x 128 tile's halved dequantization saved (w7).
+// The striped partition and chunks side by side for larger m are the sm_80 kernel's; parts of split column strips
+// are saved straight from the registers and added after the launch by add_parts_kernel (wgmma.cuh).
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMARLIN_SM90A -c kernels/marlin_sm90.cu
-// (for other targets the kernel body is empty and the host never launches it).
+// (for other targets the kernel bodies are empty and the host never launches them).
 #include "wgmma.cuh"
 
 #include <cuda.h>
@@ -49,63 +55,75 @@ struct DenseCols {
   static __device__ __forceinline__ int scale(int x) { return permuted_scale(x); }
 };
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Thread `tid`'s weights in a stage of config C (C::STRIPS 64-column strips): words [word0, word0 + NS) of its lanes'
+// 16 bytes of strip `strip`, and the matching scale words; byte offsets from the stage's address.
+template <class C>
+struct WarpWords {
+  uint32_t b_off, s_off;
+  __device__ __forceinline__ explicit WarpWords(int tid) {
+    const int lane = tid % 32, warp = tid / 32;
+    const int strip = warp_strip<C::NS>(warp), word0 = warp_word0<C::NS>(warp);
+    b_off = (C::A_STAGE + strip * 32 + lane) * 16 + 4 * word0;
+    s_off = (C::A_STAGE + C::B_STAGE + strip * 8 + lane / 4) * 16 + 4 * word0;
+  }
+};
+
+// One stage at st with scaled weights (dequant_scaled) into acc: per k16 tile q, the NS words (and scales) of this
+// warp dequantized into NS register fragments and NS wgmma of 64 x R. Each tile's words are read before the wait for
+// the previous tile's wgmma, so the shared-memory latency hides behind it; within the stage only the previous tile's
+// wgmma is waited for (their fragment registers are reused next), at its end all: ptxas may move accumulators at the
+// loop's back edge.
+template <class C, bool GROUPED, int J>
+__device__ __forceinline__ void compute_scaled(uint32_t st, const WarpWords<C>& w, int lg_group,
+                                               float (&acc)[J][C::ACC]) {
+  auto lds_tile = [&](int q, uint32_t (&bw)[J], uint32_t (&sw)[J]) {
+    lds_words(st + w.b_off + q * C::STRIPS * 32 * 16, bw);
+    if (GROUPED) lds_words(st + w.s_off + ((q >> lg_group) * C::STRIPS * 8 * 16), sw);
+  };
+  uint32_t bw[J], sw[J] = {};
+  lds_tile(0, bw, sw);
+#pragma unroll
+  for (int q = 0; q < C::KT; ++q) {
+    uint32_t a[J][4];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      uint32_t f0[2], f1[2];
+      dequant_scaled<GROUPED>(bw[j], sw[j], f0, f1);
+      a[j][0] = f0[0];  // rows g: sub-tile 2j, k 2c..2c+1
+      a[j][1] = f1[0];  // rows g + 8: sub-tile 2j + 1
+      a[j][2] = f0[1];  // k + 8
+      a[j][3] = f1[1];
+    }
+    wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
+#pragma unroll
+    for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(acc[j], a[j], a_panel_desc(st, C::R, q));
+    wgmma_commit();
+    if (q + 1 < C::KT) {
+      lds_tile(q + 1, bw, sw);
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+    }
+  }
+}
+#endif
+
 template <class C, bool GROUPED>
-__global__ void __launch_bounds__(C::THREADS, 2)
-    gemm_sm90_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
+__global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int J = C::NS;  // wgmma per k16 tile, and packed words per lane per k16 tile
   extern __shared__ int4 smem[];
 
   const int tid = threadIdx.x;
-  const int lane = tid % 32;
-  const int warp = tid / 32;
-  // this warp's weights: words [word0, word0 + J) of its lanes' 16 bytes of 64-column strip `strip`
-  const int strip = warp_strip<C::NS>(warp), word0 = warp_word0<C::NS>(warp);
-
   Run run;
   if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
 
   const int4* a_g = p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8);
-  StageLoader<C, GROUPED, !C::A_TMA> loader(p, a_g, run.m_rows, run.t_begin, run.k_tiles);
-
-  // A_TMA: one mbarrier per ring slot, its A tile has landed. Slots are loaded and consumed in ring order, so a
-  // stage's slot is a counter, and its barrier's phase flips each time round the ring.
-  __shared__ alignas(8) uint64_t a_full[C::A_TMA ? C::STAGES : 1];
-  const uint32_t bars = smem_addr(a_full);
-  if (C::A_TMA) {
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < C::STAGES; ++s) mbar_init(bars + 8 * s);
-      mbar_init_fence();
-    }
-    __syncthreads();
-  }
-  int ld_slot = 0, rd_slot = 0;
-  uint32_t rd_phase = 0;
-  auto load = [&](uint32_t st) {
-    if (C::A_TMA) {
-      if (tid == 0) {
-        const uint32_t bar = bars + 8 * ld_slot;
-        mbar_expect(bar, C::A_STAGE * 16);
-        tma_load_2d(st, &a_map, loader.ld_kt * C::DEPTH, run.chunk * C::R, bar);
-      }
-      ld_slot = ld_slot + 1 == C::STAGES ? 0 : ld_slot + 1;
-    }
-    loader.load(st);
-  };
-  auto ready = [&] {
-    if (C::A_TMA) {
-      mbar_wait(bars + 8 * rd_slot, rd_phase);
-      if (++rd_slot == C::STAGES) {
-        rd_slot = 0;
-        rd_phase ^= 1;
-      }
-    }
-    fence_proxy_async();  // what came through cp.async is visible to wgmma
-  };
-
-  const uint32_t b_off = (C::A_STAGE + strip * 32 + lane) * 16 + 4 * word0;
-  const uint32_t s_off = (C::A_STAGE + C::B_STAGE + strip * 8 + lane / 4) * 16 + 4 * word0;
+  StageLoader<C, GROUPED> loader(p, a_g, run.m_rows, run.t_begin, run.k_tiles);
+  auto load = [&](uint32_t st) { loader.load(st); };
+  auto ready = [] { fence_proxy_async(); };  // what came through cp.async is visible to wgmma
+  const WarpWords<C> w(tid);
 
   // acc[j]: the j-th wgmma's 64 x R tile (its columns: DenseCols). Element 4i + e of this thread is row
   // 8i + 2(lane % 4) + e % 2 of the chunk.
@@ -115,45 +133,6 @@ __global__ void __launch_bounds__(C::THREADS, 2)
 #pragma unroll
     for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
 
-  // The packed words (and scales) of k16 tile q of the stage at st: each tile's are loaded before the wait for the
-  // previous tile's wgmma, so the shared-memory latency hides behind it.
-  auto lds_tile_words = [&](uint32_t st, int q, uint32_t (&bw)[J]) { lds_words(st + b_off + q * C::NS * 32 * 16, bw); };
-  auto lds_tile = [&](uint32_t st, int q, uint32_t (&bw)[J], uint32_t (&sw)[J]) {
-    lds_tile_words(st, q, bw);
-    if (GROUPED) lds_words(st + s_off + ((q >> p.lg_group) * C::NS * 8 * 16), sw);
-  };
-  // Within a stage, wait for the previous k16 tile's wgmma only (their fragment registers are reused next). At the
-  // end of a stage, wait for all: ptxas may move accumulators at the loop's back edge.
-  auto wait_tile = [](int q) {
-    if (q + 1 < C::KT) {
-      wgmma_wait<1>();
-    } else {
-      wgmma_wait<0>();
-    }
-  };
-  auto compute_scaled = [&](uint32_t st) {
-    uint32_t bw[J], sw[J] = {};
-    lds_tile(st, 0, bw, sw);
-#pragma unroll
-    for (int q = 0; q < C::KT; ++q) {
-      uint32_t a[J][4];
-#pragma unroll
-      for (int j = 0; j < J; ++j) {
-        uint32_t f0[2], f1[2];
-        dequant_scaled<GROUPED>(bw[j], sw[j], f0, f1);
-        a[j][0] = f0[0];  // rows g: sub-tile 2j, k 2c..2c+1
-        a[j][1] = f1[0];  // rows g + 8: sub-tile 2j + 1
-        a[j][2] = f0[1];  // k + 8
-        a[j][3] = f1[1];
-      }
-      wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
-#pragma unroll
-      for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(acc[j], a[j], a_panel_desc(st, C::R, q));
-      wgmma_commit();
-      if (q + 1 < C::KT) lds_tile(st, q + 1, bw, sw);
-      wait_tile(q);
-    }
-  };
   // OFFSET: the weights enter wgmma as 1024 + q (k rows 0-7 of a k16 tile) and 64 + q (rows 8-15: nibbles<0x5400>),
   // so `raw` sums the stage's products with those offsets. One more wgmma per k16 tile, of a constant tile (-1032 on
   // rows 0-7, -72 on rows 8-15), sums the offsets' products, the same for every column (`base`). At the stage's
@@ -163,7 +142,7 @@ __global__ void __launch_bounds__(C::THREADS, 2)
   auto compute_offset = [&](uint32_t st) {
     constexpr uint32_t kOffset[4] = {0xe408e408, 0xe408e408, 0xd480d480, 0xd480d480};  // -1032, -72
     uint32_t bw[J], sw[J] = {};
-    lds_tile_words(st, 0, bw);
+    lds_words(st + w.b_off, bw);
     float raw[J][C::ACC], base[C::ACC];
 #pragma unroll
     for (int q = 0; q < C::KT; ++q) {
@@ -187,10 +166,14 @@ __global__ void __launch_bounds__(C::THREADS, 2)
         for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(raw[j], a[j], a_panel_desc(st, C::R, q));
       }
       wgmma_commit();
-      if (q + 1 < C::KT) lds_tile_words(st, q + 1, bw);
+      if (q + 1 < C::KT) lds_words(st + w.b_off + (q + 1) * C::STRIPS * 32 * 16, bw);
       // a stage is one group of 128 or part of a longer one (smaller groups take the mma.sync kernel: sm90_tile)
-      if (GROUPED && q + 1 == C::KT) lds_words(st + s_off, sw);
-      wait_tile(q);
+      if (GROUPED && q + 1 == C::KT) lds_words(st + w.s_off, sw);
+      if (q + 1 < C::KT) {
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
     }
 #pragma unroll
     for (int j = 0; j < J; ++j) {
@@ -204,11 +187,119 @@ __global__ void __launch_bounds__(C::THREADS, 2)
     if constexpr (C::OFFSET) {
       compute_offset(st);
     } else {
-      compute_scaled(st);
+      compute_scaled<C, GROUPED>(st, w, p.lg_group, acc);
     }
   };
 
   wgmma_run<C, DenseCols<C>, GROUPED>(p, run, smem, acc, load, ready, compute_stage);
+#endif
+}
+
+// The warp-specialized kernel (Sm90WsCfg, m > 64): threads 0-255 compute (two warpgroups, each on its half of the
+// tile's strips), thread 256 of the third warpgroup copies. Slot i of the ring has two mbarriers: full[i] completes
+// when the stage has landed (one arrival with the byte count, then the tensor copy of A and one bulk copy per
+// k16 row of weights and per scale row), empty[i] when all 256 computing threads are done with it (their wgmma
+// retired). The copying thread waits on empty before it refills a slot, the computing ones on full before they read
+// it; no block barrier after the start.
+template <class C, bool GROUPED>
+__global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
+    gemm_sm90_ws_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int J = C::NS;
+  constexpr uint32_t kStageBytes = C::STAGE * 16;
+  extern __shared__ int4 smem[];
+  __shared__ alignas(8) uint64_t full[C::STAGES], empty[C::STAGES];
+
+  const int tid = threadIdx.x;
+  Run run;
+  if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
+  const uint32_t ring = (smem_addr(smem) + 1023) & ~1023u;  // stages start on 1024-byte swizzle atoms
+  const uint32_t full0 = smem_addr(full), empty0 = smem_addr(empty);
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < C::STAGES; ++s) {
+      mbar_init(full0 + 8 * s);
+      mbar_init(empty0 + 8 * s, C::THREADS);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  // as pipeline() does: let the next kernel start now if this grid takes every SM, then wait for the previous one
+  if (p.early_dependents) allow_dependents();
+  grid_dependency_wait();
+
+  if (tid >= C::THREADS) {  // the copying warpgroup
+    setmaxnreg_dec<C::COPY_REGS>();
+    if (tid != C::THREADS) return;
+    const int s_rows = max(1, C::KT >> p.lg_group);
+    const uint32_t bytes = (C::A_STAGE + C::B_STAGE) * 16 + (GROUPED ? s_rows * C::STRIPS * 128 : 0);
+    const int b_row = p.n / 2, s_row = p.n / 8;  // int4 per k16 row of weights, per scale row
+    int col = run.t_begin / run.k_tiles, kt = run.t_begin - col * run.k_tiles;
+    int slot = 0;
+    uint32_t phase = 0;
+#pragma unroll 1
+    for (int it = 0; it < run.n_iter; ++it) {
+      mbar_wait(empty0 + 8 * slot, phase ^ 1);  // the slot's previous stage is done with (at once the first time round)
+      const uint32_t st = ring + slot * kStageBytes, bar = full0 + 8 * slot;
+      mbar_expect(bar, bytes);
+      tma_load_2d(st, &a_map, kt * C::DEPTH, run.chunk * C::R, bar);
+      const int4* b = p.b + static_cast<int64_t>(kt * C::KT) * b_row + col * C::STRIPS * 32;
+#pragma unroll
+      for (int q = 0; q < C::KT; ++q) {
+        bulk_copy(st + (C::A_STAGE + q * C::STRIPS * 32) * 16, b + q * static_cast<int64_t>(b_row), C::STRIPS * 512,
+                  bar);
+      }
+      if (GROUPED) {
+        const int4* s = p.s + static_cast<int64_t>((kt * C::KT) >> p.lg_group) * s_row + col * C::STRIPS * 8;
+        for (int r = 0; r < s_rows; ++r) {
+          bulk_copy(st + (C::A_STAGE + C::B_STAGE + r * C::STRIPS * 8) * 16, s + r * s_row, C::STRIPS * 128, bar);
+        }
+      }
+      if (++slot == C::STAGES) {
+        slot = 0;
+        phase ^= 1;
+      }
+      if (++kt == run.k_tiles) {
+        kt = 0;
+        ++col;
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<C::COMPUTE_REGS>();
+  const WarpWords<C> w(tid);
+  float acc[J][C::ACC];  // as in gemm_sm90_kernel
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
+
+  int slot = 0;
+  uint32_t phase = 0;
+  int seg_begin = run.t_begin;
+  int cur_col = run.t_begin / run.k_tiles;
+  int cur_kt = run.t_begin - cur_col * run.k_tiles;
+#pragma unroll 1
+  for (int it = 0; it < run.n_iter; ++it) {
+    mbar_wait(full0 + 8 * slot, phase);
+    compute_scaled<C, GROUPED>(ring + slot * kStageBytes, w, p.lg_group, acc);
+    mbar_arrive(empty0 + 8 * slot);
+    if (++slot == C::STAGES) {
+      slot = 0;
+      phase ^= 1;
+    }
+    const bool strip_end = ++cur_kt == run.k_tiles;
+    if (strip_end || it + 1 == run.n_iter) {
+      const int tile = run.t_begin + it;
+      wgmma_finish<C, DenseCols<C>, GROUPED>(p, run, tid, acc, cur_col, seg_begin, tile + 1);
+      seg_begin = tile + 1;
+    }
+    if (strip_end) {
+      cur_kt = 0;
+      ++cur_col;
+    }
+  }
 #endif
 }
 
@@ -239,28 +330,41 @@ cudaError_t a_tensor_map(const Params& p, int rows, CUtensorMap* map) {
 
 template <class C>
 cudaError_t launch_rows(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  static_assert(!C::A_TMA || C::A_STAGE * 16 == 64 * 2 * C::R, "a stage's A tile is one 64 x R box");
   static bool ready[2][kMaxDevices] = {};
-  CUtensorMap map = {};
-  if (C::A_TMA) {
-    if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
-  }
   using Parts = RegisterParts<C, DenseCols<C>, C::NS>;
   return launch_with_parts<Parts>(grouped, p, grid, device, stream, [&](const Params& q) {
     return launch_opt_in(grouped ? gemm_sm90_kernel<C, true> : gemm_sm90_kernel<C, false>, ready[grouped][device],
-                         grid, C::THREADS, C::SMEM, device, stream, q, map);
+                         grid, C::THREADS, C::SMEM, device, stream, q);
+  });
+}
+
+template <class C>
+cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+  static bool ready[2][kMaxDevices] = {};
+  CUtensorMap map = {};
+  if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
+  using Parts = RegisterParts<C, DenseCols<C>, C::NS>;
+  return launch_with_parts<Parts>(grouped, p, grid, device, stream, [&](const Params& q) {
+    return launch_opt_in(grouped ? gemm_sm90_ws_kernel<C, true> : gemm_sm90_ws_kernel<C, false>,
+                         ready[grouped][device], grid, C::BLOCK_THREADS, C::SMEM, device, stream, q, map);
   });
 }
 
 cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,
                         cudaStream_t stream) {
-  if (tile.rows == 16) {
-    return tile.cols == 256 ? launch_rows<Sm90Cfg<16>>(grouped, p, grid, device, stream)
-                            : launch_rows<Sm90Cfg<16, 128>>(grouped, p, grid, device, stream);
+  switch (tile.rows) {
+    case 16:
+      return tile.cols == 256 ? launch_rows<Sm90Cfg<16>>(grouped, p, grid, device, stream)
+                              : launch_rows<Sm90Cfg<16, 128>>(grouped, p, grid, device, stream);
+    case 64:
+      return tile.cols == 256 ? launch_rows<Sm90Cfg<64>>(grouped, p, grid, device, stream)
+                              : launch_rows<Sm90Cfg<64, 128>>(grouped, p, grid, device, stream);
+    case 128:
+      return tile.cols == 256 ? launch_ws<Sm90WsCfg<128, 256>>(grouped, p, grid, device, stream)
+                              : launch_ws<Sm90WsCfg<128, 128>>(grouped, p, grid, device, stream);
+    default:
+      return launch_ws<Sm90WsCfg<256, 128>>(grouped, p, grid, device, stream);
   }
-  if (tile.rows == 128) return launch_rows<Sm90Cfg<128>>(grouped, p, grid, device, stream);
-  return tile.cols == 256 ? launch_rows<Sm90Cfg<64>>(grouped, p, grid, device, stream)
-                          : launch_rows<Sm90Cfg<64, 128>>(grouped, p, grid, device, stream);
 }
 
 }  // namespace detail

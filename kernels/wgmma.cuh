@@ -9,9 +9,9 @@
 namespace marlin_cli {
 namespace detail {
 
-// The part of a block's NS strips (the layout's 64-column dense ones, or 128-column 2:4 ones) that warp w of the
-// warpgroup takes: strip w NS / 4 and, of each of its lanes' 16-byte chunks, NS words from word0 (with four strips a
-// warp takes a whole one; with fewer, 4 / NS warps share a strip).
+// The part of a warpgroup's NS strips (the layout's 64-column dense ones, or 128-column 2:4 ones) that warp w takes:
+// strip w NS / 4 and, of each of its lanes' 16-byte chunks, NS words from word0 (with four strips a warp takes a
+// whole one; with fewer, 4 / NS warps share a strip). Warps 4-7 of a second warpgroup take the next NS strips.
 template <int NS>
 __device__ __forceinline__ int warp_strip(int w) { return w * NS / 4; }
 template <int NS>
@@ -38,9 +38,13 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// An mbarrier that completes when `bytes` have landed through the bulk copies charged to it (one arrival).
-__device__ __forceinline__ void mbar_init(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+// An mbarrier whose phase completes after `count` arrivals and, with mbar_expect, once the bytes it expects have landed
+// through the bulk copies charged to it.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count = 1) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -67,6 +71,24 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x
       : "memory");
 }
 
+// This warpgroup's registers per thread from here on (warp-specialized kernels: the copying warpgroup gives registers
+// back, the computing ones take them).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// `bytes` (a multiple of 16) from global src to shared dst, charged to bar.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -85,8 +107,17 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
   "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
   "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
+#define MARLIN_WGMMA_D128_LIST \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, " \
+  "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, " \
+  "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, " \
+  "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+
 // d (64 x N, fp32) = a (64 x 16 from registers) @ tile (16 x N from shared memory, K-major) + d (ADD) or + 0,
-// N = 16, 64 or 128.
+// N = 16, 64, 128 or 256.
 template <int N, bool ADD = true>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
   if constexpr (N == 16) {
@@ -99,8 +130,17 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (
                  ", {%32, %33, %34, %35}, %36, %37, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D32_OF(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ADD ? 1 : 0));
+  } else if constexpr (N == 256) {
+    float* const q0 = d;
+    float* const q1 = d + 32;
+    float* const q2 = d + 64;
+    float* const q3 = d + 96;
+    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " MARLIN_WGMMA_D128_LIST
+                 ", {%128, %129, %130, %131}, %132, %133, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D32_OF(q0), MARLIN_WGMMA_D32_OF(q1), MARLIN_WGMMA_D32_OF(q2), MARLIN_WGMMA_D32_OF(q3)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ADD ? 1 : 0));
   } else {
-    static_assert(N == 128, "n16, n64 or n128");
+    static_assert(N == 128, "n16, n64, n128 or n256");
     float* const lo = d;
     float* const hi = d + 32;
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " MARLIN_WGMMA_D64_LIST
@@ -158,6 +198,7 @@ __device__ __forceinline__ void pin(float (&acc)[J][ACC]) {
 #undef MARLIN_WGMMA_D32_OF
 #undef MARLIN_WGMMA_D64_LIST
 #undef MARLIN_WGMMA_D32_LIST
+#undef MARLIN_WGMMA_D128_LIST
 
 // An R x (64 J) tile in registers as fp16 into C at c (the tile's first column of this thread's; rows n halves
 // apart): element 4i + e of tile j (this thread) is row 8i + 2(lane % 4) + e % 2 and column Cols::of(j, e / 2) from
@@ -191,34 +232,46 @@ __device__ __forceinline__ void store_registers(__half* c, int n, int rows, cons
 // column strip the run reaches: a whole strip goes straight to C (columns by Cols), a part of one is saved to its
 // workspace slot in register order (RegisterParts) for add_parts_kernel, which the host launches after this kernel
 // when strips are split.
+// The end of the part of a run inside column strip col (tiles [seg_begin, seg_end)), once the strip's wgmma are done:
+// a whole strip goes straight to C (columns by Cols), a part of one is saved to its workspace slot in register order
+// (RegisterParts) for add_parts_kernel, which the host launches after the kernel when strips are split. Thread tid of
+// the C::THREADS computing ones; the accumulators are zeroed for the next strip.
+template <class C, class Cols, bool GROUPED, int J>
+__device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, int tid, float (&acc)[J][C::ACC], int col,
+                                             int seg_begin, int seg_end) {
+  __half* const c_g = reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(run.chunk) * C::R * p.n;
+  float* const part = segment_part(p, run, C::R * C::W, col, seg_begin, seg_end);
+  if (part == nullptr) {
+    const int x0 = Cols::x0(col, tid);
+    store_registers<Cols, C::R>(c_g + x0, p.n, run.m_rows, acc, [&](int j, int h) {
+      return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[Cols::scale(x0 + Cols::of(j, h))]);
+    });
+  } else {
+    float4* dst = reinterpret_cast<float4*>(part);
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int v = 0; v < C::ACC / 4; ++v) {
+        dst[(j * C::ACC / 4 + v) * C::THREADS + tid] =
+            make_float4(acc[j][4 * v], acc[j][4 * v + 1], acc[j][4 * v + 2], acc[j][4 * v + 3]);
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
+}
+
+// The main loop and end of the wgmma kernels with one warpgroup per block for config C: the ring loop over the run's
+// tiles (load(st) copies a stage, ready() makes this thread's view of it visible to wgmma, compute(st) consumes it)
+// and wgmma_finish at the end of each column strip the run reaches.
 template <class C, class Cols, bool GROUPED, int J, class Load, class Ready, class Compute>
 __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4* smem, float (&acc)[J][C::ACC],
                                           Load&& load, Ready&& ready, Compute&& compute) {
   const uint32_t ring = (smem_addr(smem) + 1023) & ~1023u;  // stages start on 1024-byte swizzle atoms
-  __half* const c_g = reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(run.chunk) * C::R * p.n;
-  const int tid = threadIdx.x;
   auto finish = [&](int col, int seg_begin, int seg_end) {
     wgmma_wait<0>();
-    float* const part = segment_part(p, run, C::R * C::W, col, seg_begin, seg_end);
-    if (part == nullptr) {
-      const int x0 = Cols::x0(col, tid);
-      store_registers<Cols, C::R>(c_g + x0, p.n, run.m_rows, acc, [&](int j, int h) {
-        return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[Cols::scale(x0 + Cols::of(j, h))]);
-      });
-    } else {
-      float4* dst = reinterpret_cast<float4*>(part);
-#pragma unroll
-      for (int j = 0; j < J; ++j)
-#pragma unroll
-        for (int v = 0; v < C::ACC / 4; ++v) {
-          dst[(j * C::ACC / 4 + v) * C::THREADS + tid] =
-              make_float4(acc[j][4 * v], acc[j][4 * v + 1], acc[j][4 * v + 2], acc[j][4 * v + 3]);
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < J; ++j)
-#pragma unroll
-      for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
+    wgmma_finish<C, Cols, GROUPED>(p, run, threadIdx.x, acc, col, seg_begin, seg_end);
   };
   pipeline<C::STAGES, C::STAGE * 16>(run, ring, p.early_dependents, load, ready, compute, finish);
 }

@@ -150,7 +150,7 @@ void run(const char* name, float* out, int blocks) {
 //   SOURCE 3: the kernel's A rows, the weights as in 1;  SOURCE 4: A as in 0, the kernel's weights;
 //   SOURCE 5: the kernel's A rows and runs of tiles, each tile's weights and scale row stored contiguously, tile
 //             after tile down each column strip (a repacked order: every block's run one stream);
-//   SOURCE 6: the kernel's own StageLoader on the layer of SOURCE 2.
+//   SOURCE 6: the kernel's own StageLoader on the layer of SOURCE 2 (64-row chunks: it no longer copies 128-row ones).
 // Random-looking bits whose fp16 halves are at most 2 in magnitude: the tensor cores' power, and so the clock they
 // run at, depends on the data.
 __device__ __forceinline__ uint32_t random_word(uint32_t i) {
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(128 * WGS, 2 / WGS)
   p6.m = R;
   p6.lg_group = 3;  // group size 128
   auto new_loader = [&] {
-    if constexpr (SOURCE == 6) {
+    if constexpr (SOURCE == 6 && R == 64) {
       return StageLoader<Sm90Cfg<R>, true>(p6, src, R, blockIdx.x * run6, kK6 / 64);
     } else {
       return 0;
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(128 * WGS, 2 / WGS)
   auto loader = new_loader();
   int loaded = 0;
   auto copy = [&](uint32_t st) {
-    if constexpr (SOURCE == 6) {
+    if constexpr (SOURCE == 6 && R == 64) {
       loader.load(st);
       if (++loaded == run6) loader = new_loader(), loaded = 0;
       return;
@@ -372,7 +372,8 @@ void staircase_of(const StairArgs& g) {
     run_stair<R, WGS, true, true, true, 3>("... only its A rows (weights from DRAM)", g);
     run_stair<R, WGS, true, true, true, 4>("... only its weights (A contiguous)", g);
     run_stair<R, WGS, true, true, true, 5>("... its A, its tiles stored one after another", g);
-    run_stair<R, WGS, true, true, true, 6>("lds + dequantize + the kernel's StageLoader", g);
+    // the StageLoader of 64-row chunks (128-row ones are copied by the warp-specialized kernel's own thread)
+    if constexpr (R == 64) run_stair<R, WGS, true, true, true, 6>("lds + dequantize + the kernel's StageLoader", g);
   }
 }
 

@@ -38,9 +38,11 @@ CASES = [  # m, k, n, group, act_order
     (64, 256, 1024, 64, False),  # wgmma kernel, 64 x 128 tiles (too few 256-column strips to fill the GPU)
     (64, 2048, 256, 128, False),  # two strips in 8 parts each
     (64, 512, 16384, 128, False),  # 64 x 256 tiles
-    (100, 384, 384, 128, True),  # 128 x 128 tiles from here
+    (100, 384, 384, 128, True),  # warp-specialized kernel from here: 128 x 128 tiles
     (128, 2048, 128, 64, False),  # one strip in 8 parts
-    (200, 512, 512, -1, True),  # two chunks, per-channel scales
+    (128, 1024, 8192, 32, False),  # 128 x 256 tiles, two scale rows per stage, split strips
+    (200, 512, 512, -1, True),  # 256 x 128 tiles, per-channel scales
+    (300, 1024, 256, 128, False),  # two 256-row chunks, strips in parts
 ]
 CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and the split-k fixup
     (1, 1024, 256, 128),

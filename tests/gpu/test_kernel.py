@@ -91,9 +91,9 @@ def test_all_shapes(m: int, k: int, n: int) -> None:
     _check(m, k, n, 128, seed=k + n + m)
 
 
-@pytest.mark.parametrize("k,n", [(1024, 768), (1536, 192), (8192, 1024)], ids=str)
+@pytest.mark.parametrize("k,n", [(1024, 768), (1536, 192), (8192, 1024), (1024, 8192)], ids=str)
 @pytest.mark.parametrize("group", [-1, 32, 64, 128])
-@pytest.mark.parametrize("m", [1, 12, 17, 48, 100])
+@pytest.mark.parametrize("m", [1, 12, 17, 48, 100, 200])
 def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
     _check(m, k, n, group, seed=m * 7 + group)
 
@@ -220,8 +220,9 @@ def _kernels_launched(m: int, k: int, n: int, group: int = 128) -> str:
 def test_hopper_runs_the_wgmma_kernel() -> None:
     """On compute capability 9.0 the build targets 9.0a and the wgmma kernel runs from m = 9 (m <= 8: the mma.sync
     kernel's 8-row chunks): 16-row chunks up to m = 16 (not with groups below 128: the mma.sync kernel; perf-log o1),
-    64-row chunks up to m = 64, both by 256 columns where 256-column strips fill most of the GPU and by 128 where not
-    (n % 128 == 0), 128 x 128 tiles above m = 64 (n % 128 == 0)."""
+    64-row chunks up to m = 64 and the warp-specialized kernel's 128-row chunks up to m = 128, each by 256 columns
+    where 256-column strips fill most of the GPU and by 128 where not (n % 128 == 0), 256 x 128 tiles above m = 128
+    (perf-log w8)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs compute capability 9.0")
     eight, nine, sixteen_wide, sixteen_odd, sixteen_g32, sixteen_g64 = (
@@ -235,35 +236,39 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
     assert "Sm90Cfg<16, 128>" in nine and "Sm90Cfg<16, 256>" in sixteen_wide
     for launched in (eight, sixteen_odd, sixteen_g32, sixteen_g64):
         assert "gemm_kernel<" in launched and "gemm_sm90_kernel" not in launched
-    least, wide, narrow, odd, tall, tall_narrow, too_narrow = (
+    least, wide, narrow, odd, tall, tall_wide, tall_narrow, taller, too_narrow = (
         _kernels_launched(17, 256, 512),
         _kernels_launched(64, 256, 16384),  # 64 strips of 256 columns x 8 parts: every block slot
         _kernels_launched(64, 256, 512),
         _kernels_launched(64, 256, 384),
         _kernels_launched(65, 256, 512),
-        _kernels_launched(65, 256, 384),
+        _kernels_launched(128, 256, 16384),
+        _kernels_launched(128, 256, 384),
+        _kernels_launched(129, 256, 16384),
         _kernels_launched(65, 256, 192),
     )
     assert "Sm90Cfg<64, 128>" in least  # 64-row chunks from 17 rows on (perf-log a3)
     assert "Sm90Cfg<64, 256>" in wide
     assert "Sm90Cfg<64, 128>" in narrow and "Sm90Cfg<64, 128>" in odd
-    assert "Sm90Cfg<128, 128>" in tall and "Sm90Cfg<128, 128>" in tall_narrow
-    assert "gemm_kernel<" in too_narrow and "gemm_sm90_kernel" not in too_narrow  # n not a multiple of 128
+    assert "Sm90WsCfg<128, 128>" in tall and "Sm90WsCfg<128, 128>" in tall_narrow
+    assert "Sm90WsCfg<128, 256>" in tall_wide and "Sm90WsCfg<256, 128>" in taller
+    assert "gemm_kernel<" in too_narrow and "gemm_sm90" not in too_narrow  # n not a multiple of 128
 
 
 def test_split_strips_are_added_by_a_second_kernel() -> None:
     """Every kernel saves the parts of column strips that several blocks' runs share, and add_parts_kernel adds them
     after the launch (perf-log a1, q1); when every run holds whole strips only the GEMM runs. Split: one strip in
-    parts (dense m = 1 on the mma.sync kernel, m = 16 and 128 on the wgmma kernel, 2:4 m = 16 on the wgmma.sp
-    kernel); whole: k = 128 (one or two tiles per strip) over more strips than block slots."""
+    parts (dense m = 1 on the mma.sync kernel, m = 16 on the wgmma kernel, m = 128 and 256 on the warp-specialized
+    one, 2:4 m = 16 on the wgmma.sp kernel); whole: k = 128 (one or two tiles per strip) over more strips than
+    block slots."""
     slots = block_slots()
     wide = 256 * slots
-    for m, k, n in ((1, 4096, 128), (16, 4096, 256), (128, 2048, 128)):
+    for m, k, n in ((1, 4096, 128), (16, 4096, 256), (128, 2048, 128), (256, 2048, 128)):
         split = _kernels_launched(m, k, n)
         assert "add_parts_kernel" in split, f"m={m}: {split}"
     a, b24, meta, s24 = random_operands24(16, 4096, 128, 128)
     assert "add_parts_kernel" in kernels_launched(lambda: ops.gemm24(a, b24, meta, s24))
-    for m in (1, 65):
+    for m in (1, 65, 256):
         whole = _kernels_launched(m, 128, wide)
         assert "add_parts_kernel" not in whole, f"m={m}: {whole}"
 
