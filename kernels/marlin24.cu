@@ -108,11 +108,11 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   const int cols = detail::sm90_cols64(g.n, slots);
   const int n_cols = cols > 0 ? g.n / cols : 0;
   const int k_tiles = g.k / Sm90Cfg<256>::DEPTH;
-  const int rows = g.m > 16 ? 64 : g.m > 8 ? 16 : 0;
+  const int rows = g.m > 64 && cols == 256 ? 128 : g.m > 16 ? 64 : g.m > 8 ? 16 : 0;
   if (rows > 0 && cols > 0 && detail::has_wgmma(g.device)) {
     return detail::run_chunk_groups(p, g, g.a, lg_group, rows, [&](int par) {
       const int per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, k_tiles, rows);
-      const int grid = detail::size_grid(p, par, per_chunk, slots);
+      const int grid = detail::size_grid(p, par, per_chunk, g.sms * detail::sm90_blocks_per_sm(rows));
       return launch_sm90(rows, cols, grouped, p, grid, g.device, stream);
     });
   }

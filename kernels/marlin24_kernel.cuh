@@ -365,9 +365,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 template <int W_, int R_ = 64>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
+  static constexpr int LOAD_TID0 = 0;  // the threads that copy stages (Sm90Loader): all of them
   static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
   static constexpr int W = W_;
-  static constexpr int NS = W / 128;   // 128-column strips; also the packed words a warp takes of each chunk
+  static constexpr int STRIPS = W / 128;  // 128-column strips of the tile
+  static constexpr int NS = STRIPS;       // of the warpgroup; also the packed words a warp takes of each chunk
   static constexpr int KT = R == 16 ? (W == 256 ? 8 : 4) : 2;  // k32 rows per stage
   static constexpr int DEPTH = 32 * KT;       // k per tile
   static constexpr int A_CHUNKS = 4 * KT;
@@ -387,6 +389,32 @@ struct Sm90Cfg {
   static_assert(STAGES >= 3, "a ring of at least 3 stages");
   static_assert(SMEM <= detail::kSm90Smem, "two blocks per SM (has_wgmma)");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
+};
+// The warp-specialized 2:4 kernel for m > 64 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): 128-row chunks by
+// W columns, one block per SM of two computing warpgroups (one 128-column strip each at W = 256: two
+// m64n128k32 per k32 row) and one copying warpgroup (Sm90Loader's cp.async), a ring of 64-deep stages.
+template <int W_>
+struct Sm90WsCfg {
+  static constexpr int CONSUMERS = 2;                  // computing warpgroups
+  static constexpr int THREADS = 128 * CONSUMERS;      // computing threads (the column map and the parts' layout)
+  static constexpr int BLOCK_THREADS = THREADS + 128;  // + the copying warpgroup
+  static constexpr int LOAD_TID0 = THREADS;            // its first thread (Sm90Loader)
+  static constexpr int COPY_REGS = 40, COMPUTE_REGS = 232;  // as the dense kernel's
+  static constexpr int R = 128, W = W_;
+  static constexpr int STRIPS = W / 128;
+  static constexpr int NS = STRIPS / CONSUMERS;  // of a warpgroup; also the packed words a warp takes of each chunk
+  static constexpr int KT = 2, DEPTH = 32 * KT, A_CHUNKS = 4 * KT;
+  static constexpr int A_STAGE = R * A_CHUNKS;
+  static constexpr int B_STAGE = KT * W / 2;
+  static constexpr int M_STAGE = KT * W / 4;
+  static constexpr int S_STAGE = KT * W / 8;
+  static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;
+  static constexpr int STAGES = detail::sm90_ws_stages_fit(STAGE);
+  static constexpr int SMEM = STAGES * STAGE * 16 + 1024;
+  static constexpr int ACC = R / 2;
+  static_assert(W == 256 && NS == 1, "one strip per computing warpgroup");
+  static_assert(STAGES >= 4, "a ring of at least 4 stages");
+  static_assert(R * W <= kMaxBlocksPerSm * kMaxTileElems, "one block per SM: its partial tile takes two blocks' slots");
 };
 cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream);
 

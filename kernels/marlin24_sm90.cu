@@ -37,18 +37,19 @@ using namespace detail;
 // advance by additions.
 template <class C, bool GROUPED>
 struct Sm90Loader {
+  static constexpr int T = 128;  // copying threads: from C::LOAD_TID0 on
   // A: a pass copies 16 rows of one 64-deep panel (8 chunks per row), one chunk per thread
   static constexpr int PANELS = C::A_CHUNKS / 8;  // 64-deep panels of the A tile
-  static constexpr int B_PER = C::B_STAGE / C::THREADS;
-  static constexpr int B_ROWS = C::THREADS / (C::W / 2);  // k32 rows per pass of the B copy
-  static constexpr int M_PER = (C::M_STAGE + C::THREADS - 1) / C::THREADS;
-  static constexpr int M_ROWS = C::THREADS / (C::W / 4);  // k32 rows per pass of the metadata copy
-  static constexpr int S_PER = (C::S_STAGE + C::THREADS - 1) / C::THREADS;  // scale rows: KT at most (groups of 32)
-  static constexpr int S_ROWS = C::THREADS / (C::W / 8);
-  static_assert(C::B_STAGE % C::THREADS == 0 && B_ROWS >= 1, "whole passes");
-  static_assert(C::M_STAGE <= C::THREADS || C::M_STAGE % C::THREADS == 0, "whole passes");
-  static_assert(C::THREADS == 128 && C::R % 16 == 0 && C::A_CHUNKS % 8 == 0, "16 rows of a panel per pass");
-  static_assert(C::S_STAGE <= C::THREADS || C::S_STAGE % C::THREADS == 0, "whole passes");
+  static constexpr int B_PER = C::B_STAGE / T;
+  static constexpr int B_ROWS = T / (C::W / 2);  // k32 rows per pass of the B copy
+  static constexpr int M_PER = (C::M_STAGE + T - 1) / T;
+  static constexpr int M_ROWS = T / (C::W / 4);  // k32 rows per pass of the metadata copy
+  static constexpr int S_PER = (C::S_STAGE + T - 1) / T;  // scale rows: KT at most (groups of 32)
+  static constexpr int S_ROWS = T / (C::W / 8);
+  static_assert(C::B_STAGE % T == 0 && B_ROWS >= 1, "whole passes");
+  static_assert(C::M_STAGE <= T || C::M_STAGE % T == 0, "whole passes");
+  static_assert(C::R % 16 == 0 && C::A_CHUNKS % 8 == 0, "16 rows of a panel per pass");
+  static_assert(C::S_STAGE <= T || C::S_STAGE % T == 0, "whole passes");
 
   // Shapes, strides and base pointers are read from the kernel parameters (constant memory) when needed, so that
   // the loader holds only what differs per thread or per tile: 255 registers are tight (acc alone is 128).
@@ -62,7 +63,7 @@ struct Sm90Loader {
 
   __device__ __forceinline__ Sm90Loader(const Params& params, const int4* a_chunk, int m_rows, int t_begin)
       : p(params), a_g(a_chunk) {
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x - C::LOAD_TID0;
     const int r = tid / 8, j = tid % 8;
     a_src = r * (p.k / 8) + j;
     a_rows = m_rows - r;
@@ -74,7 +75,7 @@ struct Sm90Loader {
     // scales: max(1, KT >> lg_group) rows per stage, the first being the stage's first k32 row >> lg_group
     const int s_chunks = max(1, C::KT >> p.lg_group) * (C::W / 8);
 #pragma unroll
-    for (int i = 0; i < S_PER; ++i) s_copy[i] = GROUPED && tid + i * C::THREADS < s_chunks;
+    for (int i = 0; i < S_PER; ++i) s_copy[i] = GROUPED && tid + i * T < s_chunks;
     s_src = (tid / (C::W / 8)) * (p.n / 8) + tid % (C::W / 8);
     s_dst = (C::A_STAGE + C::B_STAGE + C::M_STAGE + tid) * 16;
     const int k_tiles = p.k / C::DEPTH;
@@ -83,16 +84,16 @@ struct Sm90Loader {
   }
 
   __device__ __forceinline__ void load(uint32_t st) {
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x - C::LOAD_TID0;
     const int row = ld_kt * C::KT;  // first k32 row of the tile
     const int4* b = p.b + static_cast<int64_t>(row + tid / (C::W / 2)) * (p.n / 2) + ld_col * (C::W / 2) +
                     tid % (C::W / 2);
 #pragma unroll
-    for (int i = 0; i < B_PER; ++i) cp_async16(st + b_dst + i * C::THREADS * 16, b + i * B_ROWS * (p.n / 2));
+    for (int i = 0; i < B_PER; ++i) cp_async16(st + b_dst + i * T * 16, b + i * B_ROWS * (p.n / 2));
 #pragma unroll
     for (int i = 0; i < M_PER; ++i) {
-      if (C::M_STAGE >= C::THREADS || tid < C::M_STAGE) {  // fewer chunks than threads: one pass, some threads
-        cp_async16(st + m_dst + i * C::THREADS * 16,
+      if (C::M_STAGE >= T || tid < C::M_STAGE) {  // fewer chunks than threads: one pass, some threads
+        cp_async16(st + m_dst + i * T * 16,
                    p.meta + static_cast<int64_t>(row + i * M_ROWS) * (p.n / 4) + ld_col * (C::W / 4) + m_src);
       }
     }
@@ -107,7 +108,7 @@ struct Sm90Loader {
 #pragma unroll
     for (int i = 0; i < S_PER; ++i) {
       if (s_copy[i]) {
-        cp_async16(st + s_dst + i * C::THREADS * 16, p.s + static_cast<int64_t>((row >> p.lg_group) + i * S_ROWS) *
+        cp_async16(st + s_dst + i * T * 16, p.s + static_cast<int64_t>((row >> p.lg_group) + i * S_ROWS) *
                                                                 (p.n / 8) + ld_col * (C::W / 8) + s_src);
       }
     }
@@ -131,38 +132,83 @@ struct SparseCols {
   static __device__ __forceinline__ int scale(int x) { return x; }
 };
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Byte offsets in a stage of config C for thread tid's tiles at k32 row 0 (row q adds q times the row's bytes):
+// words [word0, word0 + J) of chunks 8g + t and 8g + 4 + t of its warp's strip (trading places for odd g,
+// Sm90Loader), metadata words j = word0 + jj, scales of those tiles.
+template <class C>
+struct TileWords {
+  static constexpr int J = C::NS;
+  uint32_t b_x, b_y, m_off[J], s_off;
+  __device__ __forceinline__ explicit TileWords(int tid) {
+    const int lane = tid % 32, warp = tid / 32;
+    const int strip = warp_strip<C::NS>(warp), word0 = warp_word0<C::NS>(warp);
+    const int g = lane / 4, t = lane % 4;
+    b_x = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (g & 1)) * 16 + 4 * word0;
+    b_y = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (1 - (g & 1))) * 16 + 4 * word0;
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) {
+      const int blk = g / 2, q = 4 * (t / 2) + ((word0 + jj) ^ blk);
+      m_off[jj] = ((C::A_STAGE + C::B_STAGE + strip * 32 + 8 * blk + q) * 4 + 2 * (g & 1) + (t & 1)) * 4;
+    }
+    s_off = (C::A_STAGE + C::B_STAGE + C::M_STAGE + strip * 16 + 2 * g) * 16 + 4 * word0;
+  }
+};
+
+// One stage at st into acc[2jj + p] (tile (word0 + jj, p) of every warp): per k32 row the words, metadata and scales
+// from the stage, the kept values' fragments (tile_pair) and 2J wgmma.sp of 64 x R; as in the dense kernels, the
+// previous group is waited for within a stage, all of them at its end.
+template <class C, bool GROUPED, int U>
+__device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w, int lg_group,
+                                              float (&acc)[U][C::ACC]) {
+  constexpr int J = U / 2;
+  constexpr uint32_t kBRow = C::W / 2 * 16, kMRow = C::W / 4 * 16, kSRow = C::W / 8 * 16;
+#pragma unroll
+  for (int q = 0; q < C::KT; ++q) {
+    const uint64_t desc = a_panel_desc(st, C::R, 2 * q);  // k32 row q of A: k16 tiles 2q, 2q + 1
+    uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
+    lds_words(st + w.b_x + q * kBRow, wx);
+    lds_words(st + w.b_y + q * kBRow, wy);
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) mw[jj] = lds32(st + w.m_off[jj] + q * kMRow);
+    if (GROUPED) {
+      const uint32_t so = st + w.s_off + (q >> lg_group) * kSRow;
+      lds_words(so, vx);
+      lds_words(so + 16, vy);
+    }
+    uint32_t a[2 * J][4];
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) tile_pair<GROUPED>(wx[jj], wy[jj], vx[jj], vy[jj], a[2 * jj], a[2 * jj + 1]);
+    pin(acc);
+    wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) {
+      wgmma_sp_m64k32<C::R, 0>(acc[2 * jj], a[2 * jj], mw[jj], desc);
+      wgmma_sp_m64k32<C::R, 1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc);
+    }
+    wgmma_commit();
+    if (q + 1 < C::KT) {
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+    }
+    pin(acc);
+  }
+}
+#endif
+
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int J = C::NS;  // packed words this warp takes of each chunk, and pairs of tiles (j, 0), (j, 1)
   extern __shared__ int4 smem[];
 
-  const int tid = threadIdx.x;
-  const int lane = tid % 32;
-  const int warp = tid / 32;
-  // this warp's tiles: words [word0, word0 + J) of its lanes' chunks of 128-column strip `strip`
-  const int strip = warp_strip<C::NS>(warp), word0 = warp_word0<C::NS>(warp);
-  const int g = lane / 4, t = lane % 4;
-
   Run run;
   if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
 
   const int4* a_g = p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8);
   Sm90Loader<C, GROUPED> loader(p, a_g, run.m_rows, run.t_begin);
-
-  // Byte offsets in a stage for k32 row 0 (row q adds q times the row's bytes): words [word0, word0 + J) of chunks
-  // 8g + t and 8g + 4 + t (trading places for odd g, Sm90Loader), metadata words j = word0 + jj, scales of those
-  // tiles.
-  constexpr uint32_t kBRow = C::W / 2 * 16, kMRow = C::W / 4 * 16, kSRow = C::W / 8 * 16;
-  const uint32_t b_x = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (g & 1)) * 16 + 4 * word0;
-  const uint32_t b_y = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (1 - (g & 1))) * 16 + 4 * word0;
-  uint32_t m_off[J];
-#pragma unroll
-  for (int jj = 0; jj < J; ++jj) {
-    const int blk = g / 2, q = 4 * (t / 2) + ((word0 + jj) ^ blk);
-    m_off[jj] = ((C::A_STAGE + C::B_STAGE + strip * 32 + 8 * blk + q) * 4 + 2 * (g & 1) + (t & 1)) * 4;
-  }
-  const uint32_t s_off = (C::A_STAGE + C::B_STAGE + C::M_STAGE + strip * 16 + 2 * g) * 16 + 4 * word0;
+  const TileWords<C> w(threadIdx.x);
 
   // acc[2jj + p]: tile (word0 + jj, p) of every warp (its columns: SparseCols). Element 4i + e of this thread is
   // row 8i + 2t + e % 2 of the chunk.
@@ -172,43 +218,67 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
 #pragma unroll
     for (int e = 0; e < C::ACC; ++e) acc[u][e] = 0.f;
 
-  auto compute_stage = [&](uint32_t st) {
-#pragma unroll
-    for (int q = 0; q < C::KT; ++q) {
-      const uint64_t desc = a_panel_desc(st, C::R, 2 * q);  // k32 row q of A: k16 tiles 2q, 2q + 1
-      uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
-      lds_words(st + b_x + q * kBRow, wx);
-      lds_words(st + b_y + q * kBRow, wy);
-#pragma unroll
-      for (int jj = 0; jj < J; ++jj) mw[jj] = lds32(st + m_off[jj] + q * kMRow);
-      if (GROUPED) {
-        const uint32_t so = st + s_off + (q >> p.lg_group) * kSRow;
-        lds_words(so, vx);
-        lds_words(so + 16, vy);
-      }
-      uint32_t a[2 * J][4];
-#pragma unroll
-      for (int jj = 0; jj < J; ++jj) tile_pair<GROUPED>(wx[jj], wy[jj], vx[jj], vy[jj], a[2 * jj], a[2 * jj + 1]);
-      pin(acc);
-      wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
-#pragma unroll
-      for (int jj = 0; jj < J; ++jj) {
-        wgmma_sp_m64k32<C::R, 0>(acc[2 * jj], a[2 * jj], mw[jj], desc);
-        wgmma_sp_m64k32<C::R, 1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc);
-      }
-      wgmma_commit();
-      // as in the dense wgmma kernel: the previous group only within a stage, all of them at its end
-      if (q + 1 < C::KT) {
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
-      pin(acc);
-    }
-  };
-
   wgmma_run<C, SparseCols<C>, GROUPED>(
-      p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, fence_proxy_async, compute_stage);
+      p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, fence_proxy_async,
+      [&](uint32_t st) { compute_stage<C, GROUPED>(st, w, p.lg_group, acc); });
+#endif
+}
+
+// The warp-specialized 2:4 kernel (Sm90WsCfg, m > 64): threads 0-255 compute (two warpgroups, one strip each), the
+// third warpgroup copies with Sm90Loader's cp.async (WsRing). A copying thread may only announce a stage once its
+// own copies of it have landed and it has fenced them for wgmma's async proxy, so it keeps kLag stages of copies in
+// flight and arrives on a slot's full barrier (128 arrivals) kLag stages after issuing it.
+template <class C, bool GROUPED>
+__global__ void __launch_bounds__(C::BLOCK_THREADS, 1) gemm24_sm90_ws_kernel(const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int J = C::NS;
+  constexpr int kLag = 2;
+  static_assert(kLag + 1 < C::STAGES, "the copies of kLag + 1 stages fit the ring");
+  extern __shared__ int4 smem[];
+  __shared__ alignas(8) uint64_t full[C::STAGES], empty[C::STAGES];
+
+  const int tid = threadIdx.x;
+  Run run;
+  if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
+  WsRing ring;
+  ring.start<C>(smem, full, empty, 128, p.early_dependents);
+
+  if (tid >= C::THREADS) {  // the copying warpgroup
+    setmaxnreg_dec<C::COPY_REGS>();
+    Sm90Loader<C, GROUPED> loader(p, p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8), run.m_rows,
+                                  run.t_begin);
+    RingPos<C::STAGES> at, landed;
+#pragma unroll 1
+    for (int it = 0; it < run.n_iter; ++it) {
+      mbar_wait(ring.empty0 + 8 * at.slot, at.phase ^ 1);  // the slot's last stage is done with (at once at first)
+      loader.load(ring.ring + at.slot * C::STAGE * 16);
+      cp_async_commit();
+      at.next();
+      if (it >= kLag) {
+        cp_async_wait<kLag>();  // stage it - kLag has landed
+        fence_proxy_async();
+        mbar_arrive(ring.full0 + 8 * landed.slot);
+        landed.next();
+      }
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();
+    for (int it = max(0, run.n_iter - kLag); it < run.n_iter; ++it) {
+      mbar_arrive(ring.full0 + 8 * landed.slot);
+      landed.next();
+    }
+    return;
+  }
+
+  setmaxnreg_inc<C::COMPUTE_REGS>();
+  const TileWords<C> w(tid);
+  float acc[2 * J][C::ACC];  // as in gemm24_sm90_kernel
+#pragma unroll
+  for (int u = 0; u < 2 * J; ++u)
+#pragma unroll
+    for (int e = 0; e < C::ACC; ++e) acc[u][e] = 0.f;
+  ws_compute<C, SparseCols<C>, GROUPED>(p, run, ring, acc,
+                                         [&](uint32_t st) { compute_stage<C, GROUPED>(st, w, p.lg_group, acc); });
 #endif
 }
 
@@ -222,7 +292,18 @@ cudaError_t launch_cols(bool grouped, const Params& p, int grid, int device, cud
   });
 }
 
+template <class C>
+cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+  static bool ready[2][kMaxDevices] = {};
+  using Parts = RegisterParts<C, SparseCols<C>, 2 * C::NS>;
+  return launch_with_parts<Parts>(grouped, p, grid, device, stream, [&](const Params& q) {
+    return launch_opt_in(grouped ? gemm24_sm90_ws_kernel<C, true> : gemm24_sm90_ws_kernel<C, false>,
+                         ready[grouped][device], grid, C::BLOCK_THREADS, C::SMEM, device, stream, q);
+  });
+}
+
 cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+  if (rows == 128) return launch_ws<Sm90WsCfg<256>>(grouped, p, grid, device, stream);
   if (rows == 16) {
     return cols == 256 ? launch_cols<Sm90Cfg<256, 16>>(grouped, p, grid, device, stream)
                        : launch_cols<Sm90Cfg<128, 16>>(grouped, p, grid, device, stream);

@@ -987,6 +987,10 @@ constexpr int kSmemReservePerBlock = 1024;
 constexpr int kSm90Smem = kSm90SmemPerSm / kMaxBlocksPerSm - kSmemReservePerBlock;
 // Stages of `stage` int4 that such a block holds, at most 8 (it also aligns its ring to 1024 bytes).
 constexpr int sm90_stages_fit(int stage) { return std::min((kSm90Smem - 1024) / (stage * 16), 8); }
+// ... and a warp-specialized block, one per SM (1024 bytes more for its ring's barriers).
+constexpr int sm90_ws_stages_fit(int stage) {
+  return std::min((kSm90SmemPerSm - kSmemReservePerBlock - 2048) / (stage * 16), 8);
+}
 
 // The wgmma kernel on sm_90a (marlin_sm90.cu) for m = 9-64: one warpgroup per block, two blocks per SM, R-row chunks
 // (wgmma's n) by W-column tiles, 64-deep stages (128 for 16-row chunks: perf-log o2). 64 x 256 tiles hold 128 fp32
@@ -1047,7 +1051,7 @@ struct Sm90WsCfg {
   static constexpr int S_ROWS = KT / 2;             // scale rows a stage spans (groups of 32), one bulk copy each
   static constexpr int S_STAGE = S_ROWS * STRIPS * 8;
   static constexpr int STAGE = (A_STAGE + B_STAGE + S_STAGE + 63) / 64 * 64;  // whole 1024-byte swizzle atoms
-  static constexpr int STAGES = std::min(8, (kSm90SmemPerSm - kSmemReservePerBlock - 2048) / (STAGE * 16));
+  static constexpr int STAGES = sm90_ws_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma
   static_assert((R == 128 && (W == 128 || W == 256)) || (R == 256 && W == 128), "128 accumulators at most");

@@ -196,37 +196,22 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p
 }
 
 // The warp-specialized kernel (Sm90WsCfg, m > 64): threads 0-255 compute (two warpgroups, each on its half of the
-// tile's strips), thread 256 of the third warpgroup copies. Slot i of the ring has two mbarriers: full[i] completes
-// when the stage has landed (one arrival with the byte count, then the tensor copy of A and one bulk copy per
-// k16 row of weights and per scale row), empty[i] when all 256 computing threads are done with it (their wgmma
-// retired). The copying thread waits on empty before it refills a slot, the computing ones on full before they read
-// it; no block barrier after the start.
+// tile's strips), thread 256 of the third warpgroup copies (WsRing): per stage one arrival on the slot's full
+// barrier with the stage's byte count, then the tensor copy of A and one bulk copy per k16 row of weights and per
+// scale row, charged to it.
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     gemm_sm90_ws_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int J = C::NS;
-  constexpr uint32_t kStageBytes = C::STAGE * 16;
   extern __shared__ int4 smem[];
   __shared__ alignas(8) uint64_t full[C::STAGES], empty[C::STAGES];
 
   const int tid = threadIdx.x;
   Run run;
   if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
-  const uint32_t ring = (smem_addr(smem) + 1023) & ~1023u;  // stages start on 1024-byte swizzle atoms
-  const uint32_t full0 = smem_addr(full), empty0 = smem_addr(empty);
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < C::STAGES; ++s) {
-      mbar_init(full0 + 8 * s);
-      mbar_init(empty0 + 8 * s, C::THREADS);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-  // as pipeline() does: let the next kernel start now if this grid takes every SM, then wait for the previous one
-  if (p.early_dependents) allow_dependents();
-  grid_dependency_wait();
+  WsRing ring;
+  ring.start<C>(smem, full, empty, 1, p.early_dependents);
 
   if (tid >= C::THREADS) {  // the copying warpgroup
     setmaxnreg_dec<C::COPY_REGS>();
@@ -235,12 +220,11 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     const uint32_t bytes = (C::A_STAGE + C::B_STAGE) * 16 + (GROUPED ? s_rows * C::STRIPS * 128 : 0);
     const int b_row = p.n / 2, s_row = p.n / 8;  // int4 per k16 row of weights, per scale row
     int col = run.t_begin / run.k_tiles, kt = run.t_begin - col * run.k_tiles;
-    int slot = 0;
-    uint32_t phase = 0;
+    RingPos<C::STAGES> at;
 #pragma unroll 1
     for (int it = 0; it < run.n_iter; ++it) {
-      mbar_wait(empty0 + 8 * slot, phase ^ 1);  // the slot's previous stage is done with (at once the first time round)
-      const uint32_t st = ring + slot * kStageBytes, bar = full0 + 8 * slot;
+      mbar_wait(ring.empty0 + 8 * at.slot, at.phase ^ 1);  // the slot's last stage is done with (at once at first)
+      const uint32_t st = ring.ring + at.slot * C::STAGE * 16, bar = ring.full0 + 8 * at.slot;
       mbar_expect(bar, bytes);
       tma_load_2d(st, &a_map, kt * C::DEPTH, run.chunk * C::R, bar);
       const int4* b = p.b + static_cast<int64_t>(kt * C::KT) * b_row + col * C::STRIPS * 32;
@@ -255,10 +239,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
           bulk_copy(st + (C::A_STAGE + C::B_STAGE + r * C::STRIPS * 8) * 16, s + r * s_row, C::STRIPS * 128, bar);
         }
       }
-      if (++slot == C::STAGES) {
-        slot = 0;
-        phase ^= 1;
-      }
+      at.next();
       if (++kt == run.k_tiles) {
         kt = 0;
         ++col;
@@ -274,32 +255,8 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
   for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
-
-  int slot = 0;
-  uint32_t phase = 0;
-  int seg_begin = run.t_begin;
-  int cur_col = run.t_begin / run.k_tiles;
-  int cur_kt = run.t_begin - cur_col * run.k_tiles;
-#pragma unroll 1
-  for (int it = 0; it < run.n_iter; ++it) {
-    mbar_wait(full0 + 8 * slot, phase);
-    compute_scaled<C, GROUPED>(ring + slot * kStageBytes, w, p.lg_group, acc);
-    mbar_arrive(empty0 + 8 * slot);
-    if (++slot == C::STAGES) {
-      slot = 0;
-      phase ^= 1;
-    }
-    const bool strip_end = ++cur_kt == run.k_tiles;
-    if (strip_end || it + 1 == run.n_iter) {
-      const int tile = run.t_begin + it;
-      wgmma_finish<C, DenseCols<C>, GROUPED>(p, run, tid, acc, cur_col, seg_begin, tile + 1);
-      seg_begin = tile + 1;
-    }
-    if (strip_end) {
-      cur_kt = 0;
-      ++cur_col;
-    }
-  }
+  ws_compute<C, DenseCols<C>, GROUPED>(p, run, ring, acc,
+                                        [&](uint32_t st) { compute_scaled<C, GROUPED>(st, w, p.lg_group, acc); });
 #endif
 }
 

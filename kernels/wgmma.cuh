@@ -151,7 +151,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (
 }
 
 // d (64 x N, fp32) += a (64 x 32, 2:4 sparse: 64 x 16 kept values from registers + one metadata word) @ tile
-// (32 x N from shared memory, K-major), N = 16 or 64. SEL: which two threads of each group of four supply the
+// (32 x N from shared memory, K-major), N = 16, 64 or 128. SEL: which two threads of each group of four supply the
 // metadata (as in mma.sp m16n8k32, per warp of the warpgroup).
 template <int N, int SEL>
 __device__ __forceinline__ void wgmma_sp_m64k32(float (&d)[N / 2], const uint32_t (&a)[4], uint32_t meta,
@@ -161,11 +161,18 @@ __device__ __forceinline__ void wgmma_sp_m64k32(float (&d)[N / 2], const uint32_
                  "{%8, %9, %10, %11}, %12, %13, %14, 1, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D8_OF(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
-  } else {
-    static_assert(N == 64, "n16 or n64");
+  } else if constexpr (N == 64) {
     asm volatile("wgmma.mma_async.sp.sync.aligned.m64n64k32.f32.f16.f16 " MARLIN_WGMMA_D32_LIST
                  ", {%32, %33, %34, %35}, %36, %37, %38, 1, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D32_OF(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
+  } else {
+    static_assert(N == 128, "n16, n64 or n128");
+    float* const lo = d;
+    float* const hi = d + 32;
+    asm volatile("wgmma.mma_async.sp.sync.aligned.m64n128k32.f32.f16.f16 " MARLIN_WGMMA_D64_LIST
+                 ", {%64, %65, %66, %67}, %68, %69, %70, 1, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D32_OF(lo), MARLIN_WGMMA_D32_OF(hi)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
   }
 }
@@ -274,6 +281,76 @@ __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4*
     wgmma_finish<C, Cols, GROUPED>(p, run, threadIdx.x, acc, col, seg_begin, seg_end);
   };
   pipeline<C::STAGES, C::STAGE * 16>(run, ring, p.early_dependents, load, ready, compute, finish);
+}
+
+// The warp-specialized kernels (C: THREADS computing threads, then one copying warpgroup; a ring of C::STAGES slots
+// of C::STAGE int4 from 1024-byte-aligned `ring`). Slot i has two mbarriers: full[i] completes when the slot's stage
+// has landed (`full_count` arrivals, and the bytes that bulk and tensor copies charge to it), empty[i] when all
+// computing threads are done with it (their wgmma retired). The copying side waits on empty before it refills a
+// slot, the computing side on full before it reads one; after the barriers' set-up no block barrier.
+struct WsRing {
+  uint32_t ring, full0, empty0;
+  template <class C>
+  __device__ __forceinline__ void start(int4* smem, uint64_t* full, uint64_t* empty, uint32_t full_count,
+                                        bool early_dependents) {
+    ring = (smem_addr(smem) + 1023) & ~1023u;  // stages start on 1024-byte swizzle atoms
+    full0 = smem_addr(full);
+    empty0 = smem_addr(empty);
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < C::STAGES; ++s) {
+        mbar_init(full0 + 8 * s, full_count);
+        mbar_init(empty0 + 8 * s, C::THREADS);
+      }
+      mbar_init_fence();
+    }
+    __syncthreads();
+    // as pipeline() does: let the next kernel start now if this grid takes every SM, then wait for the previous one
+    if (early_dependents) allow_dependents();
+    grid_dependency_wait();
+  }
+};
+
+// A ring position: the slot and the parity of its barriers' current phase (it flips each time round the ring).
+template <int STAGES>
+struct RingPos {
+  int slot = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void next() {
+    if (++slot == STAGES) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// The computing side of a warp-specialized kernel for config C: per tile of the run, wait for its stage, compute(st)
+// (which retires its wgmma), release the slot, and wgmma_finish at the end of each column strip the run reaches.
+template <class C, class Cols, bool GROUPED, int J, class Compute>
+__device__ __forceinline__ void ws_compute(const Params& p, const Run& run, const WsRing& r, float (&acc)[J][C::ACC],
+                                           Compute&& compute) {
+  const int tid = threadIdx.x;
+  RingPos<C::STAGES> at;
+  int seg_begin = run.t_begin;
+  int cur_col = run.t_begin / run.k_tiles;
+  int cur_kt = run.t_begin - cur_col * run.k_tiles;
+#pragma unroll 1
+  for (int it = 0; it < run.n_iter; ++it) {
+    mbar_wait(r.full0 + 8 * at.slot, at.phase);
+    compute(r.ring + at.slot * C::STAGE * 16);
+    mbar_arrive(r.empty0 + 8 * at.slot);
+    at.next();
+    const bool strip_end = ++cur_kt == run.k_tiles;
+    if (strip_end || it + 1 == run.n_iter) {
+      const int tile = run.t_begin + it;
+      wgmma_finish<C, Cols, GROUPED>(p, run, tid, acc, cur_col, seg_begin, tile + 1);
+      seg_begin = tile + 1;
+    }
+    if (strip_end) {
+      cur_kt = 0;
+      ++cur_col;
+    }
+  }
 }
 
 #endif

@@ -55,6 +55,8 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (64, 2048, 512, 128),  # wgmma.sp kernel, 64 x 128 tiles: four strips in 8 parts each
     (100, 512, 256, -1),  # two chunks, per-channel scales
     (64, 512, 16384, 32),  # 64 x 256 tiles
+    (100, 512, 16384, 32),  # warp-specialized wgmma.sp kernel, 128 x 256 tiles, two scale rows per stage
+    (256, 1024, 8192, -1),  # two 128-row chunks, per-channel scales, strips in parts
 ]
 
 

@@ -101,11 +101,12 @@ def _kernels_launched(m: int, n: int, k: int = 256) -> str:
 
 def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
     """On compute capability 9.0, m > 16 runs on the wgmma.sp kernel: 64-row chunks by 256 columns where 256-column
-    strips fill most of the GPU, else by 128; m = 9-16 on its 16-row chunks by the same widths (perf-log s10), also
-    on layers with long runs; m <= 8 on the mma.sp kernel."""
+    strips fill most of the GPU, else by 128, and above m = 64 the warp-specialized kernel's 128 x 256 tiles where
+    256 columns fill the GPU (perf-log w8); m = 9-16 on its 16-row chunks by the same widths (perf-log s10), also on
+    layers with long runs; m <= 8 on the mma.sp kernel."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
-    eight, short16, long16, least, wide, narrow, odd, tall = (
+    eight, short16, long16, least, wide, narrow, odd, tall, tall_wide = (
         _kernels_launched(8, 512),
         _kernels_launched(9, 512),
         _kernels_launched(16, 8192, k=28672),  # 32 strips x 448 tiles: more than 32 per block slot
@@ -114,6 +115,7 @@ def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
         _kernels_launched(64, 512),
         _kernels_launched(64, 384),
         _kernels_launched(200, 512),
+        _kernels_launched(65, 16384),
     )
     assert "gemm24_kernel<" in eight and "gemm24_sm90_kernel" not in eight
     assert "Sm90Cfg<128, 16>" in short16
@@ -121,6 +123,7 @@ def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
     assert "Sm90Cfg<128, 64>" in least
     assert "Sm90Cfg<256, 64>" in wide
     assert "Sm90Cfg<128, 64>" in narrow and "Sm90Cfg<128, 64>" in odd and "Sm90Cfg<128, 64>" in tall
+    assert "Sm90WsCfg<256>" in tall_wide
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 11008, 4096), (16, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)])
