@@ -103,7 +103,8 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   // On an sm_90a build and a Hopper GPU the wgmma.sp kernel, by 256 columns or, on layers too narrow for those to
   // fill the GPU, 128 (the dense kernel's rule for its 64-row chunks): 64-row chunks for m > 16 (at m = 17-32 three
   // quarters empty, and still faster than the mma.sp kernel's 32-row ones: 7B m = 32 105.5 -> ~87 us, perf-log a3),
-  // 16-row chunks with 128-deep stages for m = 9-16 (faster than the mma.sp kernel's on every layer measured: s10).
+  // 16-row chunks with 128-deep stages for m = 9-16 (faster than the mma.sp kernel's on every layer measured: s10);
+  // above m = 64 on 256-column layers the warp-specialized kernel's 128-row chunks, one block per SM (perf-log w8).
   const int slots = g.sms * kMaxBlocksPerSm;
   const int cols = detail::sm90_cols64(g.n, slots);
   const int n_cols = cols > 0 ? g.n / cols : 0;

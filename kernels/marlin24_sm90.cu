@@ -18,10 +18,14 @@
 // 16-row chunks (m = 9-16) take m64n16k32 the same way, with 128-deep stages (the A tile two 64-deep swizzle
 // panels).
 //
-// Everything else is the dense wgmma kernel's: the striped partition, the pipeline, parts of split column strips
+// Above m = 64 on layers wide enough for 256-column tiles, the warp-specialized kernel (gemm24_sm90_ws_kernel) takes
+// 128 x 256 tiles: two computing warpgroups, one strip each (warp w its word w % 4, two m64n128k32 per k32 row), and a
+// copying warpgroup running Sm90Loader, as the dense one does above m = 64 (marlin_sm90.cu).
+//
+// Everything else is the dense wgmma kernels': the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMARLIN_SM90A -c kernels/marlin24_sm90.cu
-// (for other targets the kernel body is empty and the host never launches it).
+// (for other targets the kernel bodies are empty and the host never launches them).
 #include "marlin24_kernel.cuh"
 #include "wgmma.cuh"
 

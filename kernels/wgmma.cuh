@@ -1,6 +1,7 @@
 // Hopper warpgroup MMA (wgmma) pieces shared by the dense and the 2:4 wgmma kernels (marlin_sm90.cu,
-// marlin24_sm90.cu): PTX wrappers, their common main loop and end (wgmma_run: a whole strip to C, a part of one saved
-// from the registers) and RegisterParts, the parts' layout for add_parts_kernel.
+// marlin24_sm90.cu): PTX wrappers, the end of a column strip (wgmma_finish: a whole strip to C, a part of one saved
+// from the registers), the one-warpgroup kernels' main loop (wgmma_run), the warp-specialized kernels' ring and
+// computing loop (WsRing, ws_compute) and RegisterParts, the parts' layout for add_parts_kernel.
 // Only compiled into code for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); for other targets this header adds nothing.
 #pragma once
 
