@@ -229,26 +229,15 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
 }
 
 // The warp-specialized 2:4 kernel (Sm90WsCfg, m > 64): threads 0-255 compute (two warpgroups, one strip each), the
-// third warpgroup copies with Sm90Loader's cp.async (WsRing). A copying thread may only announce a stage once its
+// third warpgroup copies with Sm90Loader's cp.async (ws_kernel). A copying thread may only announce a stage once its
 // own copies of it have landed and it has fenced them for wgmma's async proxy, so it keeps kLag stages of copies in
 // flight and arrives on a slot's full barrier (128 arrivals) kLag stages after issuing it.
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1) gemm24_sm90_ws_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int J = C::NS;
   constexpr int kLag = 2;
   static_assert(kLag + 1 < C::STAGES, "the copies of kLag + 1 stages fit the ring");
-  extern __shared__ int4 smem[];
-  __shared__ alignas(8) uint64_t full[C::STAGES], empty[C::STAGES];
-
-  const int tid = threadIdx.x;
-  Run run;
-  if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
-  WsRing ring;
-  ring.start<C>(smem, full, empty, 128, p.early_dependents);
-
-  if (tid >= C::THREADS) {  // the copying warpgroup
-    setmaxnreg_dec<C::COPY_REGS>();
+  auto copy = [&](const Run& run, const WsRing& ring) {
     Sm90Loader<C, GROUPED> loader(p, p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8), run.m_rows,
                                   run.t_begin);
     RingPos<C::STAGES> at, landed;
@@ -271,18 +260,11 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1) gemm24_sm90_ws_kernel(con
       mbar_arrive(ring.full0 + 8 * landed.slot);
       landed.next();
     }
-    return;
-  }
-
-  setmaxnreg_inc<C::COMPUTE_REGS>();
-  const TileWords<C> w(tid);
-  float acc[2 * J][C::ACC];  // as in gemm24_sm90_kernel
-#pragma unroll
-  for (int u = 0; u < 2 * J; ++u)
-#pragma unroll
-    for (int e = 0; e < C::ACC; ++e) acc[u][e] = 0.f;
-  ws_compute<C, SparseCols<C>, GROUPED>(p, run, ring, acc,
-                                         [&](uint32_t st) { compute_stage<C, GROUPED>(st, w, p.lg_group, acc); });
+  };
+  ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 128, copy, [&](int tid) {
+    const TileWords<C> w(tid);
+    return [&p, w](uint32_t st, float (&acc)[2 * C::NS][C::ACC]) { compute_stage<C, GROUPED>(st, w, p.lg_group, acc); };
+  });
 #endif
 }
 

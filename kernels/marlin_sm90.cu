@@ -196,26 +196,15 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p
 }
 
 // The warp-specialized kernel (Sm90WsCfg, m > 64): threads 0-255 compute (two warpgroups, each on its half of the
-// tile's strips), thread 256 of the third warpgroup copies (WsRing): per stage one arrival on the slot's full
+// tile's strips), thread 256 of the third warpgroup copies (ws_kernel): per stage one arrival on the slot's full
 // barrier with the stage's byte count, then the tensor copy of A and one bulk copy per k16 row of weights and per
 // scale row, charged to it.
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     gemm_sm90_ws_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int J = C::NS;
-  extern __shared__ int4 smem[];
-  __shared__ alignas(8) uint64_t full[C::STAGES], empty[C::STAGES];
-
-  const int tid = threadIdx.x;
-  Run run;
-  if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
-  WsRing ring;
-  ring.start<C>(smem, full, empty, 1, p.early_dependents);
-
-  if (tid >= C::THREADS) {  // the copying warpgroup
-    setmaxnreg_dec<C::COPY_REGS>();
-    if (tid != C::THREADS) return;
+  auto copy = [&](const Run& run, const WsRing& ring) {
+    if (threadIdx.x != C::THREADS) return;
     const int s_rows = max(1, C::KT >> p.lg_group);
     const uint32_t bytes = (C::A_STAGE + C::B_STAGE) * 16 + (GROUPED ? s_rows * C::STRIPS * 128 : 0);
     const int b_row = p.n / 2, s_row = p.n / 8;  // int4 per k16 row of weights, per scale row
@@ -245,18 +234,11 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
         ++col;
       }
     }
-    return;
-  }
-
-  setmaxnreg_inc<C::COMPUTE_REGS>();
-  const WarpWords<C> w(tid);
-  float acc[J][C::ACC];  // as in gemm_sm90_kernel
-#pragma unroll
-  for (int j = 0; j < J; ++j)
-#pragma unroll
-    for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
-  ws_compute<C, DenseCols<C>, GROUPED>(p, run, ring, acc,
-                                        [&](uint32_t st) { compute_scaled<C, GROUPED>(st, w, p.lg_group, acc); });
+  };
+  ws_kernel<C, DenseCols<C>, GROUPED, C::NS>(p, 1, copy, [&](int tid) {
+    const WarpWords<C> w(tid);
+    return [&p, w](uint32_t st, float (&acc)[C::NS][C::ACC]) { compute_scaled<C, GROUPED>(st, w, p.lg_group, acc); };
+  });
 #endif
 }
 

@@ -1,7 +1,7 @@
 // Hopper warpgroup MMA (wgmma) pieces shared by the dense and the 2:4 wgmma kernels (marlin_sm90.cu,
 // marlin24_sm90.cu): PTX wrappers, the end of a column strip (wgmma_finish: a whole strip to C, a part of one saved
 // from the registers), the one-warpgroup kernels' main loop (wgmma_run), the warp-specialized kernels' ring and
-// computing loop (WsRing, ws_compute) and RegisterParts, the parts' layout for add_parts_kernel.
+// skeleton (ws_kernel) and RegisterParts, the parts' layout for add_parts_kernel.
 // Only compiled into code for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); for other targets this header adds nothing.
 #pragma once
 
@@ -284,32 +284,13 @@ __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4*
   pipeline<C::STAGES, C::STAGE * 16>(run, ring, p.early_dependents, load, ready, compute, finish);
 }
 
-// The warp-specialized kernels (C: THREADS computing threads, then one copying warpgroup; a ring of C::STAGES slots
-// of C::STAGE int4 from 1024-byte-aligned `ring`). Slot i has two mbarriers: full[i] completes when the slot's stage
+// The warp-specialized kernels' ring (C: THREADS computing threads, then one copying warpgroup; C::STAGES slots of
+// C::STAGE int4 from 1024-byte-aligned `ring`). Slot i has two mbarriers: full[i] completes when the slot's stage
 // has landed (`full_count` arrivals, and the bytes that bulk and tensor copies charge to it), empty[i] when all
 // computing threads are done with it (their wgmma retired). The copying side waits on empty before it refills a
 // slot, the computing side on full before it reads one; after the barriers' set-up no block barrier.
 struct WsRing {
   uint32_t ring, full0, empty0;
-  template <class C>
-  __device__ __forceinline__ void start(int4* smem, uint64_t* full, uint64_t* empty, uint32_t full_count,
-                                        bool early_dependents) {
-    ring = (smem_addr(smem) + 1023) & ~1023u;  // stages start on 1024-byte swizzle atoms
-    full0 = smem_addr(full);
-    empty0 = smem_addr(empty);
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int s = 0; s < C::STAGES; ++s) {
-        mbar_init(full0 + 8 * s, full_count);
-        mbar_init(empty0 + 8 * s, C::THREADS);
-      }
-      mbar_init_fence();
-    }
-    __syncthreads();
-    // as pipeline() does: let the next kernel start now if this grid takes every SM, then wait for the previous one
-    if (early_dependents) allow_dependents();
-    grid_dependency_wait();
-  }
 };
 
 // A ring position: the slot and the parity of its barriers' current phase (it flips each time round the ring).
@@ -325,12 +306,46 @@ struct RingPos {
   }
 };
 
-// The computing side of a warp-specialized kernel for config C: per tile of the run, wait for its stage, compute(st)
-// (which retires its wgmma), release the slot, and wgmma_finish at the end of each column strip the run reaches.
-template <class C, class Cols, bool GROUPED, int J, class Compute>
-__device__ __forceinline__ void ws_compute(const Params& p, const Run& run, const WsRing& r, float (&acc)[J][C::ACC],
-                                           Compute&& compute) {
+// A warp-specialized kernel for config C with J wgmma tiles of accumulators per computing thread. copy(run, ring)
+// runs on every thread of the copying warpgroup, after it has given registers back; on the computing threads
+// compute_for(tid) makes the per-stage function compute(st, acc), which retires its wgmma. Per tile of the run they
+// wait for its stage, compute it, release the slot, and wgmma_finish at the end of each column strip the run reaches.
+template <class C, class Cols, bool GROUPED, int J, class Copy, class ComputeFor>
+__device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, Copy&& copy, ComputeFor&& compute_for) {
+  extern __shared__ int4 smem[];
+  __shared__ alignas(8) uint64_t full[C::STAGES], empty[C::STAGES];
+  Run run;
+  if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
   const int tid = threadIdx.x;
+  WsRing r;
+  r.ring = (smem_addr(smem) + 1023) & ~1023u;  // stages start on 1024-byte swizzle atoms
+  r.full0 = smem_addr(full);
+  r.empty0 = smem_addr(empty);
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < C::STAGES; ++s) {
+      mbar_init(r.full0 + 8 * s, full_count);
+      mbar_init(r.empty0 + 8 * s, C::THREADS);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  // as pipeline() does: let the next kernel start now if this grid takes every SM, then wait for the previous one
+  if (p.early_dependents) allow_dependents();
+  grid_dependency_wait();
+  if (tid >= C::THREADS) {
+    setmaxnreg_dec<C::COPY_REGS>();
+    copy(run, r);
+    return;
+  }
+
+  setmaxnreg_inc<C::COMPUTE_REGS>();
+  const auto compute = compute_for(tid);
+  float acc[J][C::ACC];
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
   RingPos<C::STAGES> at;
   int seg_begin = run.t_begin;
   int cur_col = run.t_begin / run.k_tiles;
@@ -338,7 +353,7 @@ __device__ __forceinline__ void ws_compute(const Params& p, const Run& run, cons
 #pragma unroll 1
   for (int it = 0; it < run.n_iter; ++it) {
     mbar_wait(r.full0 + 8 * at.slot, at.phase);
-    compute(r.ring + at.slot * C::STAGE * 16);
+    compute(r.ring + at.slot * C::STAGE * 16, acc);
     mbar_arrive(r.empty0 + 8 * at.slot);
     at.next();
     const bool strip_end = ++cur_kt == run.k_tiles;
