@@ -394,12 +394,8 @@ struct Sm90Cfg {
 // W columns, one block per SM of two computing warpgroups (one 128-column strip each at W = 256: two
 // m64n128k32 per k32 row) and one copying warpgroup (Sm90Loader's cp.async), a ring of 64-deep stages.
 template <int W_>
-struct Sm90WsCfg {
-  static constexpr int CONSUMERS = 2;                  // computing warpgroups
-  static constexpr int THREADS = 128 * CONSUMERS;      // computing threads (the column map and the parts' layout)
-  static constexpr int BLOCK_THREADS = THREADS + 128;  // + the copying warpgroup
-  static constexpr int LOAD_TID0 = THREADS;            // its first thread (Sm90Loader)
-  static constexpr int COPY_REGS = 40, COMPUTE_REGS = 232;  // as the dense kernel's
+struct Sm90WsCfg : detail::WsBlock {
+  static constexpr int LOAD_TID0 = THREADS;  // the copying warpgroup's first thread (Sm90Loader)
   static constexpr int R = 128, W = W_;
   static constexpr int STRIPS = W / 128;
   static constexpr int NS = STRIPS / CONSUMERS;  // of a warpgroup; also the packed words a warp takes of each chunk

@@ -1034,14 +1034,17 @@ struct Sm90Cfg {
 // each: two m64n128k16 per k16 tile at 128 x 256, one m64n128k16 at 128 x 128, one m64n256k16 at 256 x 128) and one
 // warpgroup of which one thread issues the stages' copies: the A tile by a tensor copy, weights and scales by bulk
 // copies, each ring slot's arrival and release counted on mbarriers, no block barrier in the loop (perf-log w8).
-template <int R_, int W_>
-struct Sm90WsCfg {
+// The block of both warp-specialized kernels (dense and 2:4, ws_kernel in wgmma.cuh).
+struct WsBlock {
   static constexpr int CONSUMERS = 2;                  // computing warpgroups
   static constexpr int THREADS = 128 * CONSUMERS;      // computing threads (the column map and the parts' layout)
   static constexpr int BLOCK_THREADS = THREADS + 128;  // + the copying warpgroup
   // registers per thread after setmaxnreg: each of the SM's four schedulers holds two computing warps and a copying
   // one in its 16K registers (at launch all three get 168)
   static constexpr int COPY_REGS = 40, COMPUTE_REGS = 232;
+};
+template <int R_, int W_>
+struct Sm90WsCfg : WsBlock {
   static constexpr int R = R_, W = W_;
   static constexpr int STRIPS = W / 64;          // 64-column strips of the tile
   static constexpr int NS = STRIPS / CONSUMERS;  // of a warpgroup; also its wgmma (packed words) per warp and k16 tile
