@@ -235,11 +235,6 @@ __device__ __forceinline__ void store_registers(__half* c, int n, int rows, cons
     }
 }
 
-// The main loop and end of both wgmma kernels for config C: the ring loop over the run's tiles (load(st) copies a
-// stage, ready() makes this thread's view of it visible to wgmma, compute(st) consumes it) and the end of each
-// column strip the run reaches: a whole strip goes straight to C (columns by Cols), a part of one is saved to its
-// workspace slot in register order (RegisterParts) for add_parts_kernel, which the host launches after this kernel
-// when strips are split.
 // The end of the part of a run inside column strip col (tiles [seg_begin, seg_end)), once the strip's wgmma are done:
 // a whole strip goes straight to C (columns by Cols), a part of one is saved to its workspace slot in register order
 // (RegisterParts) for add_parts_kernel, which the host launches after the kernel when strips are split. Thread tid of
