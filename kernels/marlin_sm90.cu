@@ -72,9 +72,9 @@ struct WarpWords {
 // One stage at st with scaled weights (dequant_scaled) into acc: per k16 tile q, the NS words (and scales) of this
 // warp dequantized into NS register fragments and NS wgmma of 64 x R. Each tile's words are read before the wait for
 // the previous tile's wgmma, so the shared-memory latency hides behind it; within the stage only the previous tile's
-// wgmma is waited for (their fragment registers are reused next), at its end all: ptxas may move accumulators at the
-// loop's back edge.
-template <class C, bool GROUPED, int J>
+// wgmma is waited for (their fragment registers are reused next). At its end all (DRAIN: ptxas may move accumulators
+// at a ring loop's back edge), or the last tile's group stays in flight for ws_kernel to retire.
+template <class C, bool GROUPED, bool DRAIN, int J>
 __device__ __forceinline__ void compute_scaled(uint32_t st, const WarpWords<C>& w, int lg_group,
                                                float (&acc)[J][C::ACC]) {
   auto lds_tile = [&](int q, uint32_t (&bw)[J], uint32_t (&sw)[J]) {
@@ -102,7 +102,7 @@ __device__ __forceinline__ void compute_scaled(uint32_t st, const WarpWords<C>& 
     if (q + 1 < C::KT) {
       lds_tile(q + 1, bw, sw);
       wgmma_wait<1>();
-    } else {
+    } else if (DRAIN) {
       wgmma_wait<0>();
     }
   }
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p
     if constexpr (C::OFFSET) {
       compute_offset(st);
     } else {
-      compute_scaled<C, GROUPED>(st, w, p.lg_group, acc);
+      compute_scaled<C, GROUPED, true>(st, w, p.lg_group, acc);
     }
   };
 
@@ -237,7 +237,9 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
   };
   ws_kernel<C, DenseCols<C>, GROUPED, C::NS>(p, 1, copy, [&](int tid) {
     const WarpWords<C> w(tid);
-    return [&p, w](uint32_t st, float (&acc)[C::NS][C::ACC]) { compute_scaled<C, GROUPED>(st, w, p.lg_group, acc); };
+    return [&p, w](uint32_t st, float (&acc)[C::NS][C::ACC]) {
+      compute_scaled<C, GROUPED, false>(st, w, p.lg_group, acc);
+    };
   });
 #endif
 }

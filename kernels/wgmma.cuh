@@ -303,8 +303,9 @@ struct RingPos {
 
 // A warp-specialized kernel for config C with J wgmma tiles of accumulators per computing thread. copy(run, ring)
 // runs on every thread of the copying warpgroup, after it has given registers back; on the computing threads
-// compute_for(tid) makes the per-stage function compute(st, acc), which retires its wgmma. Per tile of the run they
-// wait for its stage, compute it, release the slot, and wgmma_finish at the end of each column strip the run reaches.
+// compute_for(tid) makes the per-stage function compute(st, acc), which retires all but at most its last wgmma group.
+// Per tile of the run they wait for its stage, compute it, release the previous one's slot, and wgmma_finish at the
+// end of each column strip the run reaches.
 template <class C, class Cols, bool GROUPED, int J, class Copy, class ComputeFor>
 __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, Copy&& copy, ComputeFor&& compute_for) {
   extern __shared__ int4 smem[];
@@ -341,26 +342,28 @@ __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, 
   for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int e = 0; e < C::ACC; ++e) acc[j][e] = 0.f;
+  // compute(st, acc) may leave its stage's last wgmma group in flight: a slot is released after the next stage's
+  // compute, whose first wait retires it, and only the strip's finish, after the stage loop, drains (inside the loop
+  // ptxas would drain at every back edge instead: C7517, perf-log w9).
   RingPos<C::STAGES> at;
-  int seg_begin = run.t_begin;
-  int cur_col = run.t_begin / run.k_tiles;
-  int cur_kt = run.t_begin - cur_col * run.k_tiles;
+  const int t_end = run.t_begin + run.n_iter;
 #pragma unroll 1
-  for (int it = 0; it < run.n_iter; ++it) {
-    mbar_wait(r.full0 + 8 * at.slot, at.phase);
-    compute(r.ring + at.slot * C::STAGE * 16, acc);
-    mbar_arrive(r.empty0 + 8 * at.slot);
-    at.next();
-    const bool strip_end = ++cur_kt == run.k_tiles;
-    if (strip_end || it + 1 == run.n_iter) {
-      const int tile = run.t_begin + it;
-      wgmma_finish<C, Cols, GROUPED>(p, run, tid, acc, cur_col, seg_begin, tile + 1);
-      seg_begin = tile + 1;
+  for (int seg_begin = run.t_begin; seg_begin < t_end;) {
+    const int col = seg_begin / run.k_tiles;
+    const int seg_end = min(t_end, (col + 1) * run.k_tiles);
+    int held = -1;  // the slot of the previous stage, whose last group may still run
+#pragma unroll 1
+    for (int t = seg_begin; t < seg_end; ++t) {
+      mbar_wait(r.full0 + 8 * at.slot, at.phase);
+      compute(r.ring + at.slot * C::STAGE * 16, acc);
+      if (held >= 0) mbar_arrive(r.empty0 + 8 * held);
+      held = at.slot;
+      at.next();
     }
-    if (strip_end) {
-      cur_kt = 0;
-      ++cur_col;
-    }
+    wgmma_wait<0>();
+    mbar_arrive(r.empty0 + 8 * held);
+    wgmma_finish<C, Cols, GROUPED>(p, run, tid, acc, col, seg_begin, seg_end);
+    seg_begin = seg_end;
   }
 }
 
