@@ -391,14 +391,16 @@ struct Sm90Cfg {
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 // The warp-specialized 2:4 kernel for m > 64 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): 128-row chunks by
-// W columns, one block per SM of two computing warpgroups (one 128-column strip each at W = 256: two
-// m64n128k32 per k32 row) and one copying warpgroup (Sm90Loader's cp.async), a ring of 64-deep stages.
+// W columns, one block per SM of two computing warpgroups and one copying warpgroup (Sm90Loader's cp.async), a ring
+// of 64-deep stages. At W = 256 each computing warpgroup takes one 128-column strip on all 128 rows (two m64n128k32
+// per k32 row); at W = 128 (layers too narrow for 256-column tiles) both take the one strip, each on its 64 rows (a
+// row block: two m64n64k32), since in this lane layout a strip's columns cannot be split between warpgroups.
 template <int W_>
 struct Sm90WsCfg : detail::WsBlock {
   static constexpr int LOAD_TID0 = THREADS;  // the copying warpgroup's first thread (Sm90Loader)
   static constexpr int R = 128, W = W_;
   static constexpr int STRIPS = W / 128;
-  static constexpr int NS = STRIPS / CONSUMERS;  // of a warpgroup; also the packed words a warp takes of each chunk
+  static constexpr int NS = 1;  // the packed words a warp takes of each chunk
   static constexpr int KT = 2, DEPTH = 32 * KT, A_CHUNKS = 4 * KT;
   static constexpr int A_STAGE = R * A_CHUNKS;
   static constexpr int B_STAGE = KT * W / 2;
@@ -407,8 +409,8 @@ struct Sm90WsCfg : detail::WsBlock {
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;
   static constexpr int STAGES = detail::sm90_ws_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;
-  static constexpr int ACC = R / 2;
-  static_assert(W == 256 && NS == 1, "one strip per computing warpgroup");
+  static constexpr int ACC = R / 2 / (CONSUMERS / STRIPS);  // accumulators per thread per wgmma: its rows x 64 / 128
+  static_assert(W == 128 || W == 256, "one strip for both computing warpgroups, or one each");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");
   static_assert(R * W <= kMaxBlocksPerSm * kMaxTileElems, "one block per SM: its partial tile takes two blocks' slots");
 };

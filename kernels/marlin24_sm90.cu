@@ -18,9 +18,10 @@
 // 16-row chunks (m = 9-16) take m64n16k32 the same way, with 128-deep stages (the A tile two 64-deep swizzle
 // panels).
 //
-// Above m = 64 on layers wide enough for 256-column tiles, the warp-specialized kernel (gemm24_sm90_ws_kernel) takes
-// 128 x 256 tiles: two computing warpgroups, one strip each (warp w its word w % 4, two m64n128k32 per k32 row), and a
-// copying warpgroup running Sm90Loader, as the dense one does above m = 64 (marlin_sm90.cu).
+// Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes 128 x 256 tiles: two computing warpgroups,
+// one strip each (warp w its word w % 4, two m64n128k32 per k32 row), and a copying warpgroup running Sm90Loader, as
+// the dense one does above m = 64 (marlin_sm90.cu). On layers too narrow for 256-column tiles it takes 128 x 128
+// ones: both computing warpgroups on the one strip, each on its row block of 64 rows (two m64n64k32 per k32 row).
 //
 // Everything else is the dense wgmma kernels': the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
@@ -143,9 +144,12 @@ struct SparseCols {
 template <class C>
 struct TileWords {
   static constexpr int J = C::NS;
+  static constexpr int N = 2 * C::ACC, TP = C::THREADS / (C::R / N);  // rows of a wgmma, threads per row block
   uint32_t b_x, b_y, m_off[J], s_off;
+  uint32_t a_row;  // the descriptor's offset to this thread's row block in the A panels
   __device__ __forceinline__ explicit TileWords(int tid) {
-    const int lane = tid % 32, warp = tid / 32;
+    const int lane = tid % 32, warp = (TP < C::THREADS ? tid % TP : tid) / 32;
+    a_row = TP < C::THREADS ? tid / TP * N * 128 >> 4 : 0;
     const int strip = warp_strip<C::NS>(warp), word0 = warp_word0<C::NS>(warp);
     const int g = lane / 4, t = lane % 4;
     b_x = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (g & 1)) * 16 + 4 * word0;
@@ -169,7 +173,7 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
   constexpr uint32_t kBRow = C::W / 2 * 16, kMRow = C::W / 4 * 16, kSRow = C::W / 8 * 16;
 #pragma unroll
   for (int q = 0; q < C::KT; ++q) {
-    const uint64_t desc = a_panel_desc(st, C::R, 2 * q);  // k32 row q of A: k16 tiles 2q, 2q + 1
+    const uint64_t desc = a_panel_desc(st, C::R, 2 * q) + w.a_row;  // k32 row q of A: k16 tiles 2q, 2q + 1
     uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
     lds_words(st + w.b_x + q * kBRow, wx);
     lds_words(st + w.b_y + q * kBRow, wy);
@@ -187,8 +191,8 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
     wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) {
-      wgmma_sp_m64k32<C::R, 0>(acc[2 * jj], a[2 * jj], mw[jj], desc);
-      wgmma_sp_m64k32<C::R, 1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc);
+      wgmma_sp_m64k32<2 * C::ACC, 0>(acc[2 * jj], a[2 * jj], mw[jj], desc);
+      wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc);
     }
     wgmma_commit();
     if (q + 1 < C::KT) {
@@ -289,7 +293,10 @@ cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaS
 }
 
 cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  if (rows == 128) return launch_ws<Sm90WsCfg<256>>(grouped, p, grid, device, stream);
+  if (rows == 128) {
+    return cols == 256 ? launch_ws<Sm90WsCfg<256>>(grouped, p, grid, device, stream)
+                       : launch_ws<Sm90WsCfg<128>>(grouped, p, grid, device, stream);
+  }
   if (rows == 16) {
     return cols == 256 ? launch_cols<Sm90Cfg<256, 16>>(grouped, p, grid, device, stream)
                        : launch_cols<Sm90Cfg<128, 16>>(grouped, p, grid, device, stream);

@@ -238,15 +238,18 @@ __device__ __forceinline__ void store_registers(__half* c, int n, int rows, cons
 // The end of the part of a run inside column strip col (tiles [seg_begin, seg_end)), once the strip's wgmma are done:
 // a whole strip goes straight to C (columns by Cols), a part of one is saved to its workspace slot in register order
 // (RegisterParts) for add_parts_kernel, which the host launches after the kernel when strips are split. Thread tid of
-// the C::THREADS computing ones; the accumulators are zeroed for the next strip.
+// the C::THREADS computing ones; the accumulators are zeroed for the next strip. A thread holds 2 C::ACC of the
+// tile's C::R rows: all of them, or (RB = 2: the 2:4 kernel's 128 x 128 tiles) those of its warpgroup's row block.
 template <class C, class Cols, bool GROUPED, int J>
 __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, int tid, float (&acc)[J][C::ACC], int col,
                                              int seg_begin, int seg_end) {
-  __half* const c_g = reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(run.chunk) * C::R * p.n;
+  constexpr int N = 2 * C::ACC, RB = C::R / N, TP = C::THREADS / RB;  // rows, row blocks, threads per row block
+  const int rb = RB > 1 ? tid / TP : 0, t = RB > 1 ? tid % TP : tid;
+  __half* const c_g = reinterpret_cast<__half*>(p.c) + (static_cast<int64_t>(run.chunk) * C::R + rb * N) * p.n;
   float* const part = segment_part(p, run, C::R * C::W, col, seg_begin, seg_end);
   if (part == nullptr) {
-    const int x0 = Cols::x0(col, tid);
-    store_registers<Cols, C::R>(c_g + x0, p.n, run.m_rows, acc, [&](int j, int h) {
+    const int x0 = Cols::x0(col, t);
+    store_registers<Cols, N>(c_g + x0, p.n, run.m_rows - rb * N, acc, [&](int j, int h) {
       return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[Cols::scale(x0 + Cols::of(j, h))]);
     });
   } else {
@@ -255,7 +258,7 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
     for (int j = 0; j < J; ++j)
 #pragma unroll
       for (int v = 0; v < C::ACC / 4; ++v) {
-        dst[(j * C::ACC / 4 + v) * C::THREADS + tid] =
+        dst[(j * C::R / 8 + rb * N / 8 + v) * TP + t] =
             make_float4(acc[j][4 * v], acc[j][4 * v + 1], acc[j][4 * v + 2], acc[j][4 * v + 3]);
       }
   }
@@ -369,21 +372,19 @@ __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, 
 
 #endif
 
-// How the wgmma kernels save a part (wgmma_run): in register order, float4 v of wgmma tile j of thread tid at
-// (j * ACC / 4 + v) * THREADS + tid. For add_parts_kernel (8-row bands: float4 `band` of each tile) thread
-// t = j * THREADS + tid takes tile j of GEMM thread tid: element e is row 2 (tid % 4) + e % 2 of the band, column
-// of(j, e / 2) from the thread's first (Cols, the kernel's column map). T: wgmma tiles per thread.
+// How the wgmma kernels save a part (wgmma_finish): in register order, float4 band (of the tile's R / 8) of wgmma
+// tile j of thread t of a row block at (j * R / 8 + band) * TP + t, TP = THREADS / RB threads per row block. For
+// add_parts_kernel (8-row bands: float4 `band` of each tile) thread t = j * TP + t' takes tile j of those threads'
+// t': element e is row 2 (t' % 4) + e % 2 of the band, column of(j, e / 2) from the thread's first (Cols, the
+// kernel's column map). T: wgmma tiles per thread.
 template <class C, class Cols, int T>
 struct RegisterParts {
-  static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = C::THREADS * T;
+  static constexpr int TP = C::THREADS / (C::R / (2 * C::ACC));
+  static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = TP * T;
   static constexpr bool STAGED = true;
-  static __device__ __forceinline__ int64_t at(int band, int t) {
-    return (t / C::THREADS * C::ACC / 4 + band) * C::THREADS + t % C::THREADS;
-  }
+  static __device__ __forceinline__ int64_t at(int band, int t) { return (t / TP * R / 8 + band) * TP + t % TP; }
   static __device__ __forceinline__ int row(int t, int e) { return 2 * (t % 4) + e % 2; }
-  static __device__ __forceinline__ int col(int t, int e) {
-    return Cols::x0(0, t % C::THREADS) + Cols::of(t / C::THREADS, e / 2);
-  }
+  static __device__ __forceinline__ int col(int t, int e) { return Cols::x0(0, t % TP) + Cols::of(t / TP, e / 2); }
   static __device__ __forceinline__ int scale(int x) { return Cols::scale(x); }
 };
 

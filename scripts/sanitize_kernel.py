@@ -53,7 +53,8 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (24, 512, 384, 128),  # wgmma.sp kernel from 17 rows
     (33, 512, 384, 128),
     (64, 2048, 512, 128),  # wgmma.sp kernel, 64 x 128 tiles: four strips in 8 parts each
-    (100, 512, 256, -1),  # two chunks, per-channel scales
+    (100, 512, 256, -1),  # warp-specialized 128 x 128 tiles (a row block per warpgroup), per-channel scales
+    (300, 1024, 512, 32),  # three 128-row chunks, the last one's second row block empty, strips in parts
     (64, 512, 16384, 32),  # 64 x 256 tiles
     (100, 512, 16384, 32),  # warp-specialized wgmma.sp kernel, 128 x 256 tiles, two scale rows per stage
     (256, 1024, 8192, -1),  # two 128-row chunks, per-channel scales, strips in parts

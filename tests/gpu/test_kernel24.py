@@ -102,8 +102,9 @@ def _kernels_launched(m: int, n: int, k: int = 256) -> str:
 def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
     """On compute capability 9.0, m > 16 runs on the wgmma.sp kernel: 64-row chunks by 256 columns where 256-column
     strips fill most of the GPU, else by 128, and above m = 64 the warp-specialized kernel's 128 x 256 tiles where
-    256 columns fill the GPU (perf-log w8); m = 9-16 on its 16-row chunks by the same widths (perf-log s10), also on
-    layers with long runs; m <= 8 on the mma.sp kernel."""
+    256 columns fill the GPU (perf-log w8), else 128 x 128 ones (each computing warpgroup on 64 of the rows, perf-log
+    s12); m = 9-16 on its 16-row chunks by the same widths (perf-log s10), also on layers with long runs; m <= 8 on
+    the mma.sp kernel."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
     eight, short16, long16, least, wide, narrow, odd, tall, tall_wide = (
@@ -122,8 +123,8 @@ def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
     assert "Sm90Cfg<256, 16>" in long16
     assert "Sm90Cfg<128, 64>" in least
     assert "Sm90Cfg<256, 64>" in wide
-    assert "Sm90Cfg<128, 64>" in narrow and "Sm90Cfg<128, 64>" in odd and "Sm90Cfg<128, 64>" in tall
-    assert "Sm90WsCfg<256>" in tall_wide
+    assert "Sm90Cfg<128, 64>" in narrow and "Sm90Cfg<128, 64>" in odd
+    assert "Sm90WsCfg<128>" in tall and "Sm90WsCfg<256>" in tall_wide
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 11008, 4096), (16, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)])
