@@ -232,10 +232,10 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
 #endif
 }
 
-// The warp-specialized 2:4 kernel (Sm90WsCfg, m > 64): threads 0-255 compute (two warpgroups, one strip each), the
-// third warpgroup copies with Sm90Loader's cp.async (ws_kernel). A copying thread may only announce a stage once its
-// own copies of it have landed and it has fenced them for wgmma's async proxy, so it keeps kLag stages of copies in
-// flight and arrives on a slot's full barrier (128 arrivals) kLag stages after issuing it.
+// The warp-specialized 2:4 kernel (Sm90WsCfg, m > 64): threads 0-255 compute (two warpgroups, a strip or a row
+// block each), the third warpgroup copies with Sm90Loader's cp.async (ws_kernel). A copying thread may only announce
+// a stage once its own copies of it have landed and it has fenced them for wgmma's async proxy, so it keeps kLag
+// stages of copies in flight and arrives on a slot's full barrier (128 arrivals) kLag stages after issuing it.
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1) gemm24_sm90_ws_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
