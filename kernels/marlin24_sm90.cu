@@ -195,11 +195,7 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
       wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc);
     }
     wgmma_commit();
-    if (q + 1 < C::KT) {
-      wgmma_wait<1>();
-    } else {
-      wgmma_wait<0>();
-    }
+    wgmma_wait_tile<C::KT>(q);
     pin(acc);
   }
 }

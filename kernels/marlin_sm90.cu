@@ -99,12 +99,8 @@ __device__ __forceinline__ void compute_scaled(uint32_t st, const WarpWords<C>& 
 #pragma unroll
     for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(acc[j], a[j], a_panel_desc(st, C::R, q));
     wgmma_commit();
-    if (q + 1 < C::KT) {
-      lds_tile(q + 1, bw, sw);
-      wgmma_wait<1>();
-    } else if (DRAIN) {
-      wgmma_wait<0>();
-    }
+    if (q + 1 < C::KT) lds_tile(q + 1, bw, sw);
+    wgmma_wait_tile<C::KT, DRAIN>(q);
   }
 }
 #endif
@@ -169,11 +165,7 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p
       if (q + 1 < C::KT) lds_words(st + w.b_off + (q + 1) * C::STRIPS * 32 * 16, bw);
       // a stage is one group of 128 or part of a longer one (smaller groups take the mma.sync kernel: sm90_tile)
       if (GROUPED && q + 1 == C::KT) lds_words(st + w.s_off, sw);
-      if (q + 1 < C::KT) {
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
+      wgmma_wait_tile<C::KT>(q);
     }
 #pragma unroll
     for (int j = 0; j < J; ++j) {

@@ -39,6 +39,17 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// After the group of k16 (2:4: k32) tile q of a stage of KT: wait for the previous tile's group only (its fragment
+// registers are reused next); after the stage's last, for all of them (DRAIN: ptxas may move accumulators at a ring
+// loop's back edge), or leave that group in flight.
+template <int KT, bool DRAIN = true>
+__device__ __forceinline__ void wgmma_wait_tile(int q) {
+  if (q + 1 < KT) {
+    wgmma_wait<1>();
+  } else if (DRAIN) {
+    wgmma_wait<0>();
+  }
+}
 // An mbarrier whose phase completes after `count` arrivals and, with mbar_expect, once the bytes it expects have landed
 // through the bulk copies charged to it.
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count = 1) {

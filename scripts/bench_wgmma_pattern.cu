@@ -293,11 +293,7 @@ __global__ void __launch_bounds__(128 * WGS, 2 / WGS)
 #pragma unroll
       for (int j = 0; j < J; ++j) wgmma_m64k16<R>(acc[j], a[j], desc + 2 * q);
       wgmma_commit();
-      if (q + 1 < C::KT) {
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
+      wgmma_wait_tile<C::KT>(q);
     }
     slot = slot + kStageBytes == ring + C::STAGES * kStageBytes ? ring : slot + kStageBytes;
     slot_next = slot_next + kStageBytes == ring + C::STAGES * kStageBytes ? ring : slot_next + kStageBytes;
