@@ -9,12 +9,20 @@
 namespace marlin_cli {
 
 // The workspace is one int32 buffer holding fp32 parts of split column strips: two slots per block of at most
-// kMaxTileElems floats each, for up to kMaxBlocksPerSm blocks per SM. Each launch writes the slots before it reads
-// them, so it needs no initial contents.
+// kMaxTileElems floats each, for up to kMaxBlocksPerSm blocks per SM; then kFlagsPerBlock counters per block, with
+// which the warp-specialized kernels' blocks hand each other parts. Each launch writes the slots before it reads
+// them; the counters must be zero before the first launch (allocate the workspace zeroed), and every launch leaves
+// them zero.
 constexpr int64_t kMaxTileElems = 64 * 256;
 constexpr int kMaxBlocksPerSm = 2;
+constexpr int kFlagsPerBlock = 2;
 
-inline int64_t workspace_ints(int sms) { return static_cast<int64_t>(sms) * kMaxBlocksPerSm * 2 * kMaxTileElems; }
+inline int64_t workspace_part_ints(int sms) {
+  return static_cast<int64_t>(sms) * kMaxBlocksPerSm * 2 * kMaxTileElems;
+}
+inline int64_t workspace_ints(int sms) {
+  return workspace_part_ints(sms) + static_cast<int64_t>(sms) * kMaxBlocksPerSm * kFlagsPerBlock;
+}
 
 struct GemmArgs {
   const void* a;      // fp16 (m, k) row-major, contiguous

@@ -282,6 +282,7 @@ struct Params {
   int lg_group;     // log2(group size / depth of a k tile: 16 dense, 32 for 2:4); unused for one group
   int blocks_per_chunk;
   bool early_dependents;  // the grid takes every block slot: the next kernel may start at once (pipeline())
+  int* flags;  // non-null: the blocks add split strips' parts themselves (warp-specialized kernels, own_parts())
 };
 
 // log2(group / unit), the number of k tiles of `unit` rows that share one scale row as a power of two, for the
@@ -495,6 +496,15 @@ inline bool splits_strips(int blocks_per_chunk, int n_cols, int k_tiles) {
   const int total = n_cols * k_tiles;
   const int iters = tiles_per_run(total, blocks_per_chunk);
   return iters < total && iters % k_tiles != 0;
+}
+
+// Whether a warp-specialized kernel's blocks (one per SM, every block of a launch resident at once) add split
+// strips' parts themselves: where runs are at least a third of a strip long. A strip's first part is its block's last
+// segment and every later part its block's first, so where runs are long the later parts are saved long before the
+// first one's block needs them; with shorter runs (more parts per strip, each finishing with the launch) one block
+// reading them all lost to add_parts_kernel, which spreads that work over the GPU (perf-log f3).
+inline bool own_parts(int blocks_per_chunk, int n_cols, int k_tiles) {
+  return 3 * tiles_per_run(n_cols * k_tiles, blocks_per_chunk) >= k_tiles;
 }
 
 // Workspace slot (`elems` floats: one R x W tile) of block b's part of the strip that starts at tile strip_begin:
@@ -889,16 +899,18 @@ cudaError_t launch_opt_in(void (*kernel)(P...), bool& ready, int grid, int threa
 }
 
 // A GEMM of `grid` blocks whose split column strips' parts are laid out as L says, started by launch(q), and
-// add_parts_kernel<L> after it when the launch leaves strips in parts; q is p (the kernel's Params, a 2:4 one
-// included) with the early start of the next kernel on in that case, since add_parts_kernel's blocks may wait beside
-// the GEMM's.
-template <class L, class P, class Launch>
+// add_parts_kernel<L> after it when the launch leaves strips in parts, unless the kernel adds them itself (OWN: a
+// warp-specialized kernel, where own_parts() holds; q.flags is null otherwise); q is p (the
+// kernel's Params, a 2:4 one included) with the early start of the next kernel on when add_parts_kernel follows,
+// since its blocks may wait beside the GEMM's.
+template <class L, bool OWN = false, class P, class Launch>
 cudaError_t launch_with_parts(bool grouped, const P& p, int grid, int device, cudaStream_t stream, Launch&& launch) {
-  const int n_cols = p.n / L::W;
-  const bool split = splits_strips(p.blocks_per_chunk, n_cols, p.k / L::DEPTH);
+  const int n_cols = p.n / L::W, k_tiles = p.k / L::DEPTH;
+  const bool split = splits_strips(p.blocks_per_chunk, n_cols, k_tiles);
   P q = p;
-  q.early_dependents |= split;
-  if (const cudaError_t err = launch(q); err != cudaSuccess || !split) return err;
+  if (!OWN || !split || !own_parts(p.blocks_per_chunk, n_cols, k_tiles)) q.flags = nullptr;
+  q.early_dependents |= split && q.flags == nullptr;
+  if (const cudaError_t err = launch(q); err != cudaSuccess || !split || q.flags != nullptr) return err;
   const int blocks = grid / p.blocks_per_chunk * n_cols * (L::R / 8);
   return launch_kernel(grouped ? add_parts_kernel<L, true> : add_parts_kernel<L, false>, blocks, L::THREADS, 0, device,
                        stream, static_cast<const Params&>(p));
@@ -925,6 +937,7 @@ cudaError_t run_chunk_groups(P& p, const Args& g, const void* a, int lg_group, i
   p.b = static_cast<const int4*>(g.b);
   p.s = static_cast<const int4*>(g.s);
   p.partials = reinterpret_cast<float*>(g.workspace);
+  p.flags = g.workspace + workspace_part_ints(g.sms);
   p.n = g.n;
   p.k = g.k;
   p.lg_group = lg_group;
@@ -1057,6 +1070,9 @@ struct Sm90WsCfg : WsBlock {
   static constexpr int STAGES = sm90_ws_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma
+  // The blocks add split strips' parts themselves (own_parts()) on 256-row tiles only: on 128-row ones (and in the
+  // 2:4 kernel) the added code moved ptxas's schedule of the stage loop and cost more than it saved (perf-log f3).
+  static constexpr bool OWN_PARTS = R == 256;
   static_assert((R == 128 && (W == 128 || W == 256)) || (R == 256 && W == 128), "128 accumulators at most");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");
   static_assert(R * W <= kMaxBlocksPerSm * kMaxTileElems, "one block per SM: its partial tile takes two blocks' slots");

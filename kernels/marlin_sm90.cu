@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
       }
     }
   };
-  ws_kernel<C, DenseCols<C>, GROUPED, C::NS>(p, 1, copy, [&](int tid) {
+  ws_kernel<C, DenseCols<C>, GROUPED, C::NS, C::OWN_PARTS>(p, 1, copy, [&](int tid) {
     const WarpWords<C> w(tid);
     return [&p, w](uint32_t st, float (&acc)[C::NS][C::ACC]) {
       compute_scaled<C, GROUPED, false>(st, w, p.lg_group, acc);
@@ -277,7 +277,7 @@ cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaS
   CUtensorMap map = {};
   if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
   using Parts = RegisterParts<C, DenseCols<C>, C::NS>;
-  return launch_with_parts<Parts>(grouped, p, grid, device, stream, [&](const Params& q) {
+  return launch_with_parts<Parts, C::OWN_PARTS>(grouped, p, grid, device, stream, [&](const Params& q) {
     return launch_opt_in(grouped ? gemm_sm90_ws_kernel<C, true> : gemm_sm90_ws_kernel<C, false>,
                          ready[grouped][device], grid, C::BLOCK_THREADS, C::SMEM, device, stream, q, map);
   });

@@ -101,6 +101,22 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 
+// Barrier of the 128 threads of computing warpgroup wg (named barriers 1 and 2; 0 is __syncthreads). Immediate ids:
+// with a register id ptxas reserves all 16 of the block's barriers.
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  if (wg == 0) {
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  }
+}
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -246,18 +262,66 @@ __device__ __forceinline__ void store_registers(__half* c, int n, int rows, cons
     }
 }
 
+// A later part of a strip (OWN, below) is counted on `flag` once warpgroup tid / 128 has saved it; the block holding
+// the strip's first part waits for `parts` counts on its flag and returns it to zero.
+__device__ __forceinline__ void count_part(int* flag, int tid) {
+  warpgroup_sync(tid / 128);
+  if (tid % 128 == 0) {
+    __threadfence();
+    atomicAdd(flag, 1);
+  }
+}
+__device__ __forceinline__ void await_parts(int* flag, int parts, int tid) {
+  if (tid % 128 == 0) {
+    while (ld_acquire(flag) < parts) {
+    }
+    *flag = 0;  // for the next launch
+  }
+  warpgroup_sync(tid / 128);
+}
+
 // The end of the part of a run inside column strip col (tiles [seg_begin, seg_end)), once the strip's wgmma are done:
 // a whole strip goes straight to C (columns by Cols), a part of one is saved to its workspace slot in register order
 // (RegisterParts) for add_parts_kernel, which the host launches after the kernel when strips are split. Thread tid of
 // the C::THREADS computing ones; the accumulators are zeroed for the next strip. A thread holds 2 C::ACC of the
 // tile's C::R rows: all of them, or (RB = 2: the 2:4 kernel's 128 x 128 tiles) those of its warpgroup's row block.
-template <class C, class Cols, bool GROUPED, int J>
+// OWN (warp-specialized kernels) with p.flags set: the blocks add the parts themselves. A strip's later parts are
+// saved and counted on the flag of the block holding its first part (per warpgroup: thread tid's values are the same
+// elements in every part); that block waits for the count, adds them to its registers in block order (the sums
+// add_parts_kernel makes) and writes the strip to C.
+template <class C, class Cols, bool GROUPED, int J, bool OWN = false>
 __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, int tid, float (&acc)[J][C::ACC], int col,
                                              int seg_begin, int seg_end) {
   constexpr int N = 2 * C::ACC, RB = C::R / N, TP = C::THREADS / RB;  // rows, row blocks, threads per row block
   const int rb = RB > 1 ? tid / TP : 0, t = RB > 1 ? tid % TP : tid;
   __half* const c_g = reinterpret_cast<__half*>(p.c) + (static_cast<int64_t>(run.chunk) * C::R + rb * N) * p.n;
-  float* const part = segment_part(p, run, C::R * C::W, col, seg_begin, seg_end);
+  float* part = segment_part(p, run, C::R * C::W, col, seg_begin, seg_end);
+  auto at = [&](int j, int v) { return (j * C::R / 8 + rb * N / 8 + v) * TP + t; };  // float4 of a part
+  const int wg = tid / 128, first_block = run.chunk * p.blocks_per_chunk, strip_begin = col * run.k_tiles;
+  static_assert(!OWN || C::ACC % 32 == 0, "parts are added in batches of 8 float4");
+  const bool own = OWN && part != nullptr && p.flags != nullptr;
+  if (own && seg_begin == strip_begin) {
+    const int bid_hi = (strip_begin + run.k_tiles - 1) / run.iters;
+    await_parts(p.flags + kFlagsPerBlock * (first_block + run.bid) + wg, bid_hi - run.bid, tid);
+    for (int b = run.bid + 1; b <= bid_hi; ++b) {
+      const float4* src = reinterpret_cast<const float4*>(
+          part_slot(p.partials, C::R * C::W, first_block, run.iters, strip_begin, b));
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int v0 = 0; v0 < C::ACC / 4; v0 += 4) {
+          float4 x[4];
+#pragma unroll
+          for (int v = 0; v < 4; ++v) x[v] = __ldcg(src + at(j, v0 + v));
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            float* a = &acc[j][4 * (v0 + v)];
+            a[0] += x[v].x, a[1] += x[v].y, a[2] += x[v].z, a[3] += x[v].w;
+          }
+        }
+    }
+    part = nullptr;
+  }
   if (part == nullptr) {
     const int x0 = Cols::x0(col, t);
     store_registers<Cols, N>(c_g + x0, p.n, run.m_rows - rb * N, acc, [&](int j, int h) {
@@ -269,9 +333,9 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
     for (int j = 0; j < J; ++j)
 #pragma unroll
       for (int v = 0; v < C::ACC / 4; ++v) {
-        dst[(j * C::R / 8 + rb * N / 8 + v) * TP + t] =
-            make_float4(acc[j][4 * v], acc[j][4 * v + 1], acc[j][4 * v + 2], acc[j][4 * v + 3]);
+        dst[at(j, v)] = make_float4(acc[j][4 * v], acc[j][4 * v + 1], acc[j][4 * v + 2], acc[j][4 * v + 3]);
       }
+    if (own) count_part(p.flags + kFlagsPerBlock * (first_block + strip_begin / run.iters) + wg, tid);
   }
 #pragma unroll
   for (int j = 0; j < J; ++j)
@@ -320,7 +384,7 @@ struct RingPos {
 // compute_for(tid) makes the per-stage function compute(st, acc), which retires all but at most its last wgmma group.
 // Per tile of the run they wait for its stage, compute it, release the previous one's slot, and wgmma_finish at the
 // end of each column strip the run reaches.
-template <class C, class Cols, bool GROUPED, int J, class Copy, class ComputeFor>
+template <class C, class Cols, bool GROUPED, int J, bool OWN = false, class Copy, class ComputeFor>
 __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, Copy&& copy, ComputeFor&& compute_for) {
   extern __shared__ int4 smem[];
   __shared__ alignas(8) uint64_t full[C::STAGES], empty[C::STAGES];
@@ -376,7 +440,7 @@ __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, 
     }
     wgmma_wait<0>();
     mbar_arrive(r.empty0 + 8 * held);
-    wgmma_finish<C, Cols, GROUPED>(p, run, tid, acc, col, seg_begin, seg_end);
+    wgmma_finish<C, Cols, GROUPED, J, OWN>(p, run, tid, acc, col, seg_begin, seg_end);
     seg_begin = seg_end;
   }
 }

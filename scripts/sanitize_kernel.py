@@ -43,6 +43,8 @@ CASES = [  # m, k, n, group, act_order
     (128, 1024, 8192, 32, False),  # 128 x 256 tiles, two scale rows per stage, split strips
     (200, 512, 512, -1, True),  # 256 x 128 tiles, per-channel scales
     (300, 1024, 256, 128, False),  # two 256-row chunks, strips in parts
+    (256, 1024, 12288, -1, False),  # 256 x 128 tiles on runs long enough to add their parts in the kernel
+    (300, 1024, 12288, 32, False),  # ... in two 256-row chunks
 ]
 CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and the split-k fixup
     (1, 1024, 256, 128),

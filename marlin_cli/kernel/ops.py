@@ -16,8 +16,9 @@ from marlin_cli.config import GROUP_SIZES as CONFIG_GROUP_SIZES
 from marlin_cli.errors import KernelUnavailable, ShapeError
 from marlin_cli.kernel import build, reference
 
-# Mirrors kernels/marlin.h: two fp32 partial tiles of 64 x 256 per block (both kernels).
+# Mirrors kernels/marlin.h: two fp32 partial tiles of 64 x 256 per block (both kernels), then two counters per block.
 _TILE_ELEMS = 64 * 256
+_FLAGS_PER_BLOCK = 2
 GROUP_SIZES = tuple(g for g in CONFIG_GROUP_SIZES if g > 0)  # grouped scales; one row means per channel
 
 _lock = threading.Lock()
@@ -142,8 +143,8 @@ def workspace(device: torch.device) -> torch.Tensor:
         ws = _workspaces.get(index)
         if ws is None:
             sms = torch.cuda.get_device_properties(index).multi_processor_count
-            # two blocks per SM at most: two partial slots each
-            ws = torch.zeros(2 * sms * 2 * _TILE_ELEMS, dtype=torch.int32, device=f"cuda:{index}")
+            # two blocks per SM at most: two partial slots and two counters each; the counters start at zero
+            ws = torch.zeros(2 * sms * (2 * _TILE_ELEMS + _FLAGS_PER_BLOCK), dtype=torch.int32, device=f"cuda:{index}")
             _workspaces[index] = ws
         return ws
 
