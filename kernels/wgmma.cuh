@@ -262,8 +262,9 @@ __device__ __forceinline__ void store_registers(__half* c, int n, int rows, cons
     }
 }
 
-// A later part of a strip (OWN, below) is counted on `flag` once warpgroup tid / 128 has saved it; the block holding
-// the strip's first part waits for `parts` counts on its flag and returns it to zero.
+// A later part of a strip (OWN, below) is counted on `flag` once warpgroup tid / 128 has saved it (the barrier orders
+// the warpgroup's stores before one thread's fence, which makes them visible device-wide before the count); the
+// block holding the strip's first part waits for `parts` counts on its flag and returns it to zero.
 __device__ __forceinline__ void count_part(int* flag, int tid) {
   warpgroup_sync(tid / 128);
   if (tid % 128 == 0) {
@@ -298,7 +299,7 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
   float* part = segment_part(p, run, C::R * C::W, col, seg_begin, seg_end);
   auto at = [&](int j, int v) { return (j * C::R / 8 + rb * N / 8 + v) * TP + t; };  // float4 of a part
   const int wg = tid / 128, first_block = run.chunk * p.blocks_per_chunk, strip_begin = col * run.k_tiles;
-  static_assert(!OWN || C::ACC % 32 == 0, "parts are added in batches of 8 float4");
+  static_assert(!OWN || C::ACC % 16 == 0, "parts are added in batches of 4 float4");
   const bool own = OWN && part != nullptr && p.flags != nullptr;
   if (own && seg_begin == strip_begin) {
     const int bid_hi = (strip_begin + run.k_tiles - 1) / run.iters;
@@ -383,7 +384,7 @@ struct RingPos {
 // runs on every thread of the copying warpgroup, after it has given registers back; on the computing threads
 // compute_for(tid) makes the per-stage function compute(st, acc), which retires all but at most its last wgmma group.
 // Per tile of the run they wait for its stage, compute it, release the previous one's slot, and wgmma_finish at the
-// end of each column strip the run reaches.
+// end of each column strip the run reaches (OWN: adding split strips' parts there when the host set p.flags).
 template <class C, class Cols, bool GROUPED, int J, bool OWN = false, class Copy, class ComputeFor>
 __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, Copy&& copy, ComputeFor&& compute_for) {
   extern __shared__ int4 smem[];
