@@ -13,7 +13,8 @@
 // - A block's run covers a whole column strip (written straight to C) or part of one. A part is saved as an fp32
 //   tile in the workspace, and when a launch leaves strips split the host launches add_parts_kernel after it, which
 //   adds each strip's parts in block order (fixed, so the output is bit-reproducible) and writes C. No block of the
-//   GEMM waits for another, or fences and counts its part (perf-log q1).
+//   GEMM waits for another, or fences and counts its part (perf-log q1), except on the wgmma kernel's 256-row tiles
+//   where runs are long (own_parts(): one block adds the strip's parts, in the same order; perf-log f3).
 // - m is handled in chunks of 8, 16, 32, 48 or 64 rows; several chunks run side by side as groups of blocks, and each
 //   group re-reads the weights, mostly from L2 since the groups walk the same tiles at the same time.
 // - Inside a block: 8 warps = NS column warps (64 columns each) x NK k warps; the k warps of a strip split every
@@ -498,11 +499,12 @@ inline bool splits_strips(int blocks_per_chunk, int n_cols, int k_tiles) {
   return iters < total && iters % k_tiles != 0;
 }
 
-// Whether a warp-specialized kernel's blocks (one per SM, every block of a launch resident at once) add split
-// strips' parts themselves: where runs are at least a third of a strip long. A strip's first part is its block's last
-// segment and every later part its block's first, so where runs are long the later parts are saved long before the
-// first one's block needs them; with shorter runs (more parts per strip, each finishing with the launch) one block
-// reading them all lost to add_parts_kernel, which spreads that work over the GPU (perf-log f3).
+// Whether a warp-specialized kernel's blocks add split strips' parts themselves: where runs are at least a third of a
+// strip long. Its launches hold at most one block per SM (sm90_blocks_per_chunk), so all of them are resident at once
+// and may wait for each other. A strip's first part is its block's last segment and every later part its block's
+// first, so where runs are long the later parts are saved long before the first one's block needs them; with shorter
+// runs (more parts per strip, each finishing with the launch) one block reading them all lost to add_parts_kernel,
+// which spreads that work over the GPU (perf-log f3).
 inline bool own_parts(int blocks_per_chunk, int n_cols, int k_tiles) {
   return 3 * tiles_per_run(n_cols * k_tiles, blocks_per_chunk) >= k_tiles;
 }
@@ -900,9 +902,9 @@ cudaError_t launch_opt_in(void (*kernel)(P...), bool& ready, int grid, int threa
 
 // A GEMM of `grid` blocks whose split column strips' parts are laid out as L says, started by launch(q), and
 // add_parts_kernel<L> after it when the launch leaves strips in parts, unless the kernel adds them itself (OWN: a
-// warp-specialized kernel, where own_parts() holds; q.flags is null otherwise); q is p (the
-// kernel's Params, a 2:4 one included) with the early start of the next kernel on when add_parts_kernel follows,
-// since its blocks may wait beside the GEMM's.
+// warp-specialized kernel, where own_parts() holds; q.flags is null otherwise); q is p (the kernel's Params, a 2:4
+// one included) with the early start of the next kernel on when add_parts_kernel follows, since its blocks may wait
+// beside the GEMM's.
 template <class L, bool OWN = false, class P, class Launch>
 cudaError_t launch_with_parts(bool grouped, const P& p, int grid, int device, cudaStream_t stream, Launch&& launch) {
   const int n_cols = p.n / L::W, k_tiles = p.k / L::DEPTH;
