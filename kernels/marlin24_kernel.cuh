@@ -366,6 +366,7 @@ template <int W_, int R_ = 64>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
   static constexpr int LOAD_TID0 = 0;  // the threads that copy stages (Sm90Loader): all of them
+  static constexpr bool A_TMA = false;  // Sm90Loader copies the A tile too
   static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
   static constexpr int W = W_;
   static constexpr int STRIPS = W / 128;  // 128-column strips of the tile
@@ -398,6 +399,7 @@ struct Sm90Cfg {
 template <int W_>
 struct Sm90WsCfg : detail::WsBlock {
   static constexpr int LOAD_TID0 = THREADS;  // the copying warpgroup's first thread (Sm90Loader)
+  static constexpr bool A_TMA = true;  // the A tile by one tensor copy per stage (Sm90Loader: the rest)
   static constexpr int R = 128, W = W_;
   static constexpr int STRIPS = W / 128;
   static constexpr int NS = 1;  // the packed words a warp takes of each chunk

@@ -103,7 +103,7 @@ struct Sm90Loader {
       }
     }
 #pragma unroll
-    for (int pn = 0; pn < PANELS; ++pn)
+    for (int pn = 0; pn < (C::A_TMA ? 0 : PANELS); ++pn)
 #pragma unroll
       for (int q = 0; q < C::R / 16; ++q) {
         const bool real = 16 * q < a_rows;  // rows past m: zero-filled, the source clamped to row 0
@@ -233,10 +233,12 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
 // a stage once its own copies of it have landed and it has fenced them for wgmma's async proxy, so it keeps kLag
 // stages of copies in flight and arrives on a slot's full barrier (128 arrivals) kLag stages after issuing it.
 template <class C, bool GROUPED>
-__global__ void __launch_bounds__(C::BLOCK_THREADS, 1) gemm24_sm90_ws_kernel(const Params p) {
+__global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
+    gemm24_sm90_ws_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kLag = 2;
   static_assert(kLag + 1 < C::STAGES, "the copies of kLag + 1 stages fit the ring");
+  static_assert(C::A_TMA && C::A_STAGE == C::R * 8, "the A tile is one 64-deep panel: one tensor copy");
   auto copy = [&](const Run& run, const WsRing& ring) {
     Sm90Loader<C, GROUPED> loader(p, p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8), run.m_rows,
                                   run.t_begin);
@@ -244,7 +246,13 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1) gemm24_sm90_ws_kernel(con
 #pragma unroll 1
     for (int it = 0; it < run.n_iter; ++it) {
       mbar_wait(ring.empty0 + 8 * at.slot, at.phase ^ 1);  // the slot's last stage is done with (at once at first)
-      loader.load(ring.ring + at.slot * C::STAGE * 16);
+      const uint32_t st = ring.ring + at.slot * C::STAGE * 16;
+      if (threadIdx.x == C::LOAD_TID0) {  // the A tile, charged to the slot's full barrier (one more arrival)
+        const uint32_t bar = ring.full0 + 8 * at.slot;
+        mbar_expect(bar, C::A_STAGE * 16);
+        tma_load_2d(st, &a_map, loader.ld_kt * C::DEPTH, run.chunk * C::R, bar);
+      }
+      loader.load(st);
       cp_async_commit();
       at.next();
       if (it >= kLag) {
@@ -261,7 +269,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1) gemm24_sm90_ws_kernel(con
       landed.next();
     }
   };
-  ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 128, copy, [&](int tid) {
+  ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 128 + 1, copy, [&](int tid) {
     const TileWords<C> w(tid);
     return [&p, w](uint32_t st, float (&acc)[2 * C::NS][C::ACC]) { compute_stage<C, GROUPED>(st, w, p.lg_group, acc); };
   });
@@ -281,10 +289,12 @@ cudaError_t launch_cols(bool grouped, const Params& p, int grid, int device, cud
 template <class C>
 cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
   static bool ready[2][kMaxDevices] = {};
+  CUtensorMap map = {};
+  if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
   using Parts = RegisterParts<C, SparseCols<C>, 2 * C::NS>;
   return launch_with_parts<Parts>(grouped, p, grid, device, stream, [&](const Params& q) {
     return launch_opt_in(grouped ? gemm24_sm90_ws_kernel<C, true> : gemm24_sm90_ws_kernel<C, false>,
-                         ready[grouped][device], grid, C::BLOCK_THREADS, C::SMEM, device, stream, q);
+                         ready[grouped][device], grid, C::BLOCK_THREADS, C::SMEM, device, stream, q, map);
   });
 }
 

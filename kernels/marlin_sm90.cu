@@ -37,7 +37,6 @@
 // (for other targets the kernel bodies are empty and the host never launches them).
 #include "wgmma.cuh"
 
-#include <cuda.h>
 #include <cudaTypedefs.h>
 
 namespace marlin_cli {
@@ -236,9 +235,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
 #endif
 }
 
-// This launch's A (p.m rows left from p.a, k columns, fp16) as a tensor map of 64 x rows boxes in the 128-byte
-// swizzle; rows past p.m read as zeros. The driver's encoder is found once through the runtime (no link to the
-// driver library).
+// The driver's encoder is found once through the runtime (no link to the driver library).
 cudaError_t a_tensor_map(const Params& p, int rows, CUtensorMap* map) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {

@@ -5,10 +5,16 @@
 // Only compiled into code for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); for other targets this header adds nothing.
 #pragma once
 
+#include <cuda.h>
+
 #include "marlin_kernel.cuh"
 
 namespace marlin_cli {
 namespace detail {
+
+// This launch's A (p.m rows left from p.a, k columns, fp16) as a tensor map of 64 x rows boxes in the 128-byte
+// swizzle, the A tile of the warp-specialized kernels' stages; rows past p.m read as zeros (marlin_sm90.cu).
+cudaError_t a_tensor_map(const Params& p, int rows, CUtensorMap* map);
 
 // The part of a warpgroup's NS strips (the layout's 64-column dense ones, or 128-column 2:4 ones) that warp w takes:
 // strip w NS / 4 and, of each of its lanes' 16-byte chunks, NS words from word0 (with four strips a warp takes a
