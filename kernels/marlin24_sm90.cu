@@ -19,8 +19,9 @@
 // panels).
 //
 // Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes 128 x 256 tiles: two computing warpgroups,
-// one strip each (warp w its word w % 4, two m64n128k32 per k32 row), and a copying warpgroup running Sm90Loader, as
-// the dense one does above m = 64 (marlin_sm90.cu). On layers too narrow for 256-column tiles it takes 128 x 128
+// one strip each (warp w its word w % 4, two m64n128k32 per k32 row), and a copying warpgroup: the A tile by a
+// tensor copy, as the dense one does above m = 64 (marlin_sm90.cu), the rest by Sm90Loader's cp.async. On layers too
+// narrow for 256-column tiles it takes 128 x 128
 // ones: both computing warpgroups on the one strip, each on its row block of 64 rows (two m64n64k32 per k32 row).
 //
 // Everything else is the dense wgmma kernels': the striped partition, the pipeline, parts of split column strips
@@ -229,45 +230,33 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
 }
 
 // The warp-specialized 2:4 kernel (Sm90WsCfg, m > 64): threads 0-255 compute (two warpgroups, a strip or a row
-// block each), the third warpgroup copies with Sm90Loader's cp.async (ws_kernel). A copying thread may only announce
-// a stage once its own copies of it have landed and it has fenced them for wgmma's async proxy, so it keeps kLag
-// stages of copies in flight and arrives on a slot's full barrier (128 arrivals) kLag stages after issuing it.
+// block each), the third warpgroup copies (ws_kernel): per stage its first thread issues the A tile as one tensor copy
+// charged to the slot's full barrier, and every copying thread its share of codes, metadata and scales by Sm90Loader's
+// cp.async (their swizzle keeps the computing lanes' loads conflict-free, which bulk copies cannot), which arrives on
+// the full barrier once they have landed (129 arrivals in all). Codes, metadata and scales are read by plain shared
+// loads, so no proxy fence is needed.
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     gemm24_sm90_ws_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kLag = 2;
-  static_assert(kLag + 1 < C::STAGES, "the copies of kLag + 1 stages fit the ring");
   static_assert(C::A_TMA && C::A_STAGE == C::R * 8, "the A tile is one 64-deep panel: one tensor copy");
   auto copy = [&](const Run& run, const WsRing& ring) {
     Sm90Loader<C, GROUPED> loader(p, p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8), run.m_rows,
                                   run.t_begin);
-    RingPos<C::STAGES> at, landed;
+    RingPos<C::STAGES> at;
 #pragma unroll 1
     for (int it = 0; it < run.n_iter; ++it) {
       mbar_wait(ring.empty0 + 8 * at.slot, at.phase ^ 1);  // the slot's last stage is done with (at once at first)
-      const uint32_t st = ring.ring + at.slot * C::STAGE * 16;
-      if (threadIdx.x == C::LOAD_TID0) {  // the A tile, charged to the slot's full barrier (one more arrival)
-        const uint32_t bar = ring.full0 + 8 * at.slot;
+      const uint32_t st = ring.ring + at.slot * C::STAGE * 16, bar = ring.full0 + 8 * at.slot;
+      if (threadIdx.x == C::LOAD_TID0) {
         mbar_expect(bar, C::A_STAGE * 16);
         tma_load_2d(st, &a_map, loader.ld_kt * C::DEPTH, run.chunk * C::R, bar);
       }
       loader.load(st);
-      cp_async_commit();
+      cp_async_mbar_arrive(bar);
       at.next();
-      if (it >= kLag) {
-        cp_async_wait<kLag>();  // stage it - kLag has landed
-        fence_proxy_async();
-        mbar_arrive(ring.full0 + 8 * landed.slot);
-        landed.next();
-      }
     }
     cp_async_wait<0>();
-    fence_proxy_async();
-    for (int it = max(0, run.n_iter - kLag); it < run.n_iter; ++it) {
-      mbar_arrive(ring.full0 + 8 * landed.slot);
-      landed.next();
-    }
   };
   ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 128 + 1, copy, [&](int tid) {
     const TileWords<C> w(tid);
