@@ -166,8 +166,9 @@ struct TileWords {
 
 // One stage at st into acc[2jj + p] (tile (word0 + jj, p) of every warp): per k32 row the words, metadata and scales
 // from the stage, the kept values' fragments (tile_pair) and 2J wgmma.sp of 64 x R; as in the dense kernels, the
-// previous group is waited for within a stage, all of them at its end.
-template <class C, bool GROUPED, int U>
+// previous group is waited for within a stage, all of them at its end (DRAIN), or the last one stays in flight for
+// ws_kernel to retire (perf-log w9, s14).
+template <class C, bool GROUPED, bool DRAIN, int U>
 __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w, int lg_group,
                                               float (&acc)[U][C::ACC]) {
   constexpr int J = U / 2;
@@ -196,7 +197,7 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
       wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc);
     }
     wgmma_commit();
-    wgmma_wait_tile<C::KT>(q);
+    wgmma_wait_tile<C::KT, DRAIN>(q);
     pin(acc);
   }
 }
@@ -225,7 +226,7 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
 
   wgmma_run<C, SparseCols<C>, GROUPED>(
       p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, fence_proxy_async,
-      [&](uint32_t st) { compute_stage<C, GROUPED>(st, w, p.lg_group, acc); });
+      [&](uint32_t st) { compute_stage<C, GROUPED, true>(st, w, p.lg_group, acc); });
 #endif
 }
 
@@ -260,7 +261,9 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
   };
   ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 128 + 1, copy, [&](int tid) {
     const TileWords<C> w(tid);
-    return [&p, w](uint32_t st, float (&acc)[2 * C::NS][C::ACC]) { compute_stage<C, GROUPED>(st, w, p.lg_group, acc); };
+    return [&p, w](uint32_t st, float (&acc)[2 * C::NS][C::ACC]) {
+      compute_stage<C, GROUPED, false>(st, w, p.lg_group, acc);
+    };
   });
 #endif
 }
