@@ -167,38 +167,51 @@ struct TileWords {
 // One stage at st into acc[2jj + p] (tile (word0 + jj, p) of every warp): per k32 row the words, metadata and scales
 // from the stage, the kept values' fragments (tile_pair) and 2J wgmma.sp of 64 x R; as in the dense kernels, the
 // previous group is waited for within a stage, all of them at its end (DRAIN), or the last one stays in flight for
-// ws_kernel to retire (perf-log w9, s14).
+// ws_kernel to retire (perf-log w9, s14). In 64-row chunks each row's words are read before the wait for the previous
+// row's wgmma.sp, so the shared-memory latency hides behind it (perf-log s15). Not where a previous stage's group may
+// be in flight: ptxas then reused its metadata register for the next row's (outputs wrong); not in 16-row chunks
+// (measured slower).
 template <class C, bool GROUPED, bool DRAIN, int U>
 __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w, int lg_group,
                                               float (&acc)[U][C::ACC]) {
   constexpr int J = U / 2;
   constexpr uint32_t kBRow = C::W / 2 * 16, kMRow = C::W / 4 * 16, kSRow = C::W / 8 * 16;
+  struct Row {
+    uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
+  };
+  auto lds_row = [&](int q, Row& r) {
+    lds_words(st + w.b_x + q * kBRow, r.wx);
+    lds_words(st + w.b_y + q * kBRow, r.wy);
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) r.mw[jj] = lds32(st + w.m_off[jj] + q * kMRow);
+    if (GROUPED) {
+      const uint32_t so = st + w.s_off + (q >> lg_group) * kSRow;
+      lds_words(so, r.vx);
+      lds_words(so + 16, r.vy);
+    }
+  };
+  constexpr bool kEarly = DRAIN && C::R == 64;  // the next row's words before the wait (above)
+  Row row[C::KT];
+  lds_row(0, row[0]);
 #pragma unroll
   for (int q = 0; q < C::KT; ++q) {
     const uint64_t desc = a_panel_desc(st, C::R, 2 * q) + w.a_row;  // k32 row q of A: k16 tiles 2q, 2q + 1
-    uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
-    lds_words(st + w.b_x + q * kBRow, wx);
-    lds_words(st + w.b_y + q * kBRow, wy);
-#pragma unroll
-    for (int jj = 0; jj < J; ++jj) mw[jj] = lds32(st + w.m_off[jj] + q * kMRow);
-    if (GROUPED) {
-      const uint32_t so = st + w.s_off + (q >> lg_group) * kSRow;
-      lds_words(so, vx);
-      lds_words(so + 16, vy);
-    }
+    const Row& r = row[q];
     uint32_t a[2 * J][4];
 #pragma unroll
-    for (int jj = 0; jj < J; ++jj) tile_pair<GROUPED>(wx[jj], wy[jj], vx[jj], vy[jj], a[2 * jj], a[2 * jj + 1]);
+    for (int jj = 0; jj < J; ++jj) tile_pair<GROUPED>(r.wx[jj], r.wy[jj], r.vx[jj], r.vy[jj], a[2 * jj], a[2 * jj + 1]);
     pin(acc);
     wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) {
-      wgmma_sp_m64k32<2 * C::ACC, 0>(acc[2 * jj], a[2 * jj], mw[jj], desc);
-      wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc);
+      wgmma_sp_m64k32<2 * C::ACC, 0>(acc[2 * jj], a[2 * jj], r.mw[jj], desc);
+      wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], r.mw[jj], desc);
     }
     wgmma_commit();
+    if (kEarly && q + 1 < C::KT) lds_row(q + 1, row[q + 1]);
     wgmma_wait_tile<C::KT, DRAIN>(q);
     pin(acc);
+    if (!kEarly && q + 1 < C::KT) lds_row(q + 1, row[q + 1]);
   }
 }
 #endif
