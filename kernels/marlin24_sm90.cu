@@ -167,10 +167,10 @@ struct TileWords {
 // One stage at st into acc[2jj + p] (tile (word0 + jj, p) of every warp): per k32 row the words, metadata and scales
 // from the stage, the kept values' fragments (tile_pair) and 2J wgmma.sp of 64 x R; as in the dense kernels, the
 // previous group is waited for within a stage, all of them at its end (DRAIN), or the last one stays in flight for
-// ws_kernel to retire (perf-log w9, s14). In 64-row chunks each row's words are read before the wait for the previous
-// row's wgmma.sp, so the shared-memory latency hides behind it (perf-log s15). Not where a previous stage's group may
-// be in flight: ptxas then reused its metadata register for the next row's (outputs wrong); not in 16-row chunks
-// (measured slower).
+// ws_kernel to retire (perf-log w9, s14). The next row's codes and scales are read before the wait for the previous
+// row's wgmma.sp, so the shared-memory latency hides behind it, and in 64-row chunks its metadata too (perf-log s15,
+// s16); not the metadata where a previous stage's group may still be in flight (ptxas reused that group's metadata
+// register for the next row's: outputs wrong), nor anything in 16-row chunks (measured slower).
 template <class C, bool GROUPED, bool DRAIN, int U>
 __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w, int lg_group,
                                               float (&acc)[U][C::ACC]) {
@@ -179,20 +179,24 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
   struct Row {
     uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
   };
-  auto lds_row = [&](int q, Row& r) {
+  auto lds_values = [&](int q, Row& r) {  // codes and scales
     lds_words(st + w.b_x + q * kBRow, r.wx);
     lds_words(st + w.b_y + q * kBRow, r.wy);
-#pragma unroll
-    for (int jj = 0; jj < J; ++jj) r.mw[jj] = lds32(st + w.m_off[jj] + q * kMRow);
     if (GROUPED) {
       const uint32_t so = st + w.s_off + (q >> lg_group) * kSRow;
       lds_words(so, r.vx);
       lds_words(so + 16, r.vy);
     }
   };
-  constexpr bool kEarly = DRAIN && C::R == 64;  // the next row's words before the wait (above)
+  auto lds_meta = [&](int q, Row& r) {
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) r.mw[jj] = lds32(st + w.m_off[jj] + q * kMRow);
+  };
+  // what of the next row is read before the wait (above)
+  constexpr bool kEarlyValues = C::R != 16, kEarlyMeta = DRAIN && C::R == 64;
   Row row[C::KT];
-  lds_row(0, row[0]);
+  lds_values(0, row[0]);
+  lds_meta(0, row[0]);
 #pragma unroll
   for (int q = 0; q < C::KT; ++q) {
     const uint64_t desc = a_panel_desc(st, C::R, 2 * q) + w.a_row;  // k32 row q of A: k16 tiles 2q, 2q + 1
@@ -208,10 +212,12 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
       wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], r.mw[jj], desc);
     }
     wgmma_commit();
-    if (kEarly && q + 1 < C::KT) lds_row(q + 1, row[q + 1]);
+    if (q + 1 < C::KT && kEarlyValues) lds_values(q + 1, row[q + 1]);
+    if (q + 1 < C::KT && kEarlyMeta) lds_meta(q + 1, row[q + 1]);
     wgmma_wait_tile<C::KT, DRAIN>(q);
     pin(acc);
-    if (!kEarly && q + 1 < C::KT) lds_row(q + 1, row[q + 1]);
+    if (q + 1 < C::KT && !kEarlyValues) lds_values(q + 1, row[q + 1]);
+    if (q + 1 < C::KT && !kEarlyMeta) lds_meta(q + 1, row[q + 1]);
   }
 }
 #endif
