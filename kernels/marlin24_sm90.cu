@@ -21,8 +21,8 @@
 // Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes 128 x 256 tiles: two computing warpgroups,
 // one strip each (warp w its word w % 4, two m64n128k32 per k32 row), and a copying warpgroup: the A tile by a
 // tensor copy, as the dense one does above m = 64 (marlin_sm90.cu), the rest by Sm90Loader's cp.async. On layers too
-// narrow for 256-column tiles it takes 128 x 128
-// ones: both computing warpgroups on the one strip, each on its row block of 64 rows (two m64n64k32 per k32 row).
+// narrow for 256-column tiles it takes 128 x 128 ones: both computing warpgroups on the one strip, each on its row
+// block of 64 rows (two m64n64k32 per k32 row).
 //
 // Everything else is the dense wgmma kernels': the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
