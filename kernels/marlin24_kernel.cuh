@@ -392,8 +392,8 @@ struct Sm90Cfg {
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 // The warp-specialized 2:4 kernel for m > 64 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): 128-row chunks by
-// W columns, one block per SM of two computing warpgroups and one copying warpgroup (Sm90Loader's cp.async), a ring
-// of 64-deep stages. At W = 256 each computing warpgroup takes one 128-column strip on all 128 rows (two m64n128k32
+// W columns, one block per SM of two computing warpgroups and one copying warpgroup (the A tile by a tensor copy, the
+// rest by Sm90Loader's cp.async), a ring of 64-deep stages. At W = 256 each computing warpgroup takes one 128-column strip on all 128 rows (two m64n128k32
 // per k32 row); at W = 128 (layers too narrow for 256-column tiles) both take the one strip, each on its 64 rows (a
 // row block: two m64n64k32), since in this lane layout a strip's columns cannot be split between warpgroups.
 template <int W_>
