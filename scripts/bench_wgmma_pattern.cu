@@ -2,7 +2,8 @@
 // one warpgroup per block issues groups of J register-operand wgmma (m64nNk16, fp16 in, fp32 out) on one
 // shared-memory tile, keeps WAIT groups in flight, and optionally ends every 4 groups like a pipeline stage
 // (wait for all, fence.proxy.async, block barrier) and builds each fragment through a short f16x2 chain.
-// perf-log (w1) compares the kernel's measured rate with these figures. The second part (`staircase`) adds the
+// SPARSE issues the 2:4 kernels' wgmma.sp (m64nNk32, twice the k of a dense instruction on the same shared-memory
+// bytes per output) instead. perf-log (w1, s17) compares the kernels' measured rates with these figures. The second part (`staircase`) adds the
 // kernel's own pieces one at a time on its 64 x 256 and 128 x 128 tiles and on 128 x 256 tiles of two warpgroups:
 // the weight words and scales read from the stage in shared memory, the real dequantize-and-scale, and the stage
 // copies (cp.async from an L2-resident source into the ring, waited for as the kernel does), so the step that
@@ -34,27 +35,6 @@ __device__ __forceinline__ uint64_t tile_desc(uint32_t addr) {
   return ((addr & 0x3ffff) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
 }
 
-#define ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-                "+f"(d[i + 6]), "+f"(d[i + 7])
-__device__ __forceinline__ void wgmma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-      : ACC8(0), ACC8(8), ACC8(16), ACC8(24)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-__device__ __forceinline__ void wgmma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, "
-      "%33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "
-      "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
-      : ACC8(0), ACC8(8), ACC8(16), ACC8(24), ACC8(32), ACC8(40), ACC8(48), ACC8(56)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-#undef ACC8
-
 template <int N>
 __device__ __forceinline__ void wait_groups() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
@@ -70,7 +50,7 @@ __device__ __forceinline__ uint32_t fake_dequant(uint32_t x) {
 }
 #endif
 
-template <int N, int J, int WAIT, bool STAGE, bool DEQUANT>
+template <int N, int J, int WAIT, bool STAGE, bool DEQUANT, bool SPARSE>
 __global__ void __launch_bounds__(128, 2) pattern(float* out, int iters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem[];
@@ -92,7 +72,13 @@ __global__ void __launch_bounds__(128, 2) pattern(float* out, int iters) {
       }
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int j = 0; j < J; ++j) wgmma(acc[j], a[j], tile_desc(tile) + 2 * q);
+      for (int j = 0; j < J; ++j) {
+        if constexpr (SPARSE) {  // metadata: kept pairs (0, 1) and (2, 3) alternating, k32 tile q % 2
+          marlin_cli::detail::wgmma_sp_m64k32<N, 0>(acc[j], a[j], 0x4e4e4e4eu, tile_desc(tile) + 4 * (q % 2));
+        } else {
+          marlin_cli::detail::wgmma_m64k16<N>(acc[j], a[j], tile_desc(tile) + 2 * q);
+        }
+      }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       if (STAGE && q == 3) {
         wait_groups<0>();
@@ -113,9 +99,9 @@ __global__ void __launch_bounds__(128, 2) pattern(float* out, int iters) {
 #endif
 }
 
-template <int N, int J, int WAIT, bool STAGE, bool DEQUANT>
+template <int N, int J, int WAIT, bool STAGE, bool DEQUANT, bool SPARSE = false>
 void run(const char* name, float* out, int blocks) {
-  auto kernel = pattern<N, J, WAIT, STAGE, DEQUANT>;
+  auto kernel = pattern<N, J, WAIT, STAGE, DEQUANT, SPARSE>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   constexpr int kIters = 2000;
   kernel<<<blocks, 128, kSmem>>>(out, 10);  // warm-up
@@ -128,7 +114,7 @@ void run(const char* name, float* out, int blocks) {
   cudaEventSynchronize(stop);
   float ms = 0.f;
   cudaEventElapsedTime(&ms, start, stop);
-  const double flop = 2.0 * 64 * N * 16 * J * 4.0 * kIters * blocks;
+  const double flop = 2.0 * 64 * N * (SPARSE ? 32 : 16) * J * 4.0 * kIters * blocks;  // 2:4: the dense-equivalent
   printf("%-46s %3d blocks  %7.1f TFLOP/s  (%s)\n", name, blocks, flop / ms / 1e9,
          cudaGetErrorString(cudaGetLastError()));
   cudaEventDestroy(start);
@@ -389,6 +375,12 @@ int main(int argc, char** argv) {
     run<128, 2, 1, false, false>("n128 x2 per group, 1 in flight", out, blocks);
     run<128, 2, 1, true, true>("n128 x2, stage, f16x2 chain per fragment", out, blocks);
     run<64, 2, 1, false, false>("n64 x2 per group, 1 in flight", out, blocks);
+    run<128, 2, 1, false, false, true>("2:4 n128 x2 per group, 1 in flight", out, blocks);
+    run<128, 2, 0, false, false, true>("2:4 n128 x2 per group, none in flight", out, blocks);
+    run<128, 2, 1, true, true, true>("2:4 n128 x2, stage, f16x2 chain per fragment", out, blocks);
+    run<64, 4, 1, false, false, true>("2:4 n64 x4 per group, 1 in flight", out, blocks);
+    run<16, 4, 1, false, false, true>("2:4 n16 x4 per group, 1 in flight", out, blocks);
+    run<16, 4, 1, false, false>("n16 x4 per group, 1 in flight", out, blocks);
   }
   // the staircase: the kernel's 64 x 256 and 128 x 128 tiles, and 128 x 256 with two warpgroups sharing A
   int4 *src = nullptr, *far = nullptr;
