@@ -165,17 +165,20 @@ struct TileWords {
 };
 
 // One stage at st into acc[2jj + p] (tile (word0 + jj, p) of every warp): per k32 row the words, metadata and scales
-// from the stage, the kept values' fragments (tile_pair) and 2J wgmma.sp of 64 x R; as in the dense kernels, the
-// previous group is waited for within a stage, all of them at its end (DRAIN), or the last one stays in flight for
-// ws_kernel to retire (perf-log w9, s14). The next row's codes and scales are read before the wait for the previous
-// row's wgmma.sp, so the shared-memory latency hides behind it, and in 64-row chunks its metadata too (perf-log s15,
-// s16); not the metadata where a previous stage's group may still be in flight (ptxas reused that group's metadata
-// register for the next row's: outputs wrong), nor anything in 16-row chunks (measured slower).
-template <class C, bool GROUPED, bool DRAIN, int U>
+// from the stage, the kept values' fragments (tile_pair) and 2J wgmma.sp of 64 x R. After each row's group the wait
+// leaves L groups in flight; at the stage's end all are retired (DRAIN), or the last ones stay in flight for
+// ws_kernel, which releases the slot once the next stage is computed (perf-log w9, s14, s17): the last row waits too
+// where L + 1 groups would be more than the stage's rows. The next row's words are read before the wait, so the
+// shared-memory latency hides behind it (perf-log s15), except in 16-row chunks (measured slower).
+// ptxas does not keep a group's metadata register until the group retires, as it does its fragments: it rewrites it
+// once the wgmma.sp has issued, and the hardware reads it later. Rewrites 20 and 57 instructions after the issue gave
+// wrong outputs, 65 or more never have (perf-log s15, s17); scripts/check_meta_hazards.py reports a build's nearest.
+template <class C, bool GROUPED, bool DRAIN, int L, int U>
 __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w, int lg_group,
                                               float (&acc)[U][C::ACC]) {
-  constexpr int J = U / 2;
+  constexpr int J = U / 2, KT = C::KT;
   constexpr uint32_t kBRow = C::W / 2 * 16, kMRow = C::W / 4 * 16, kSRow = C::W / 8 * 16;
+  static_assert(L >= 1 && L <= KT, "a wait leaves 1 to KT groups in flight");
   struct Row {
     uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
   };
@@ -192,13 +195,14 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) r.mw[jj] = lds32(st + w.m_off[jj] + q * kMRow);
   };
-  // what of the next row is read before the wait (above)
-  constexpr bool kEarlyValues = C::R != 16, kEarlyMeta = DRAIN && C::R == 64;
-  Row row[C::KT];
+  // what of the next row is read before the wait (above): not the metadata where one group stays in flight across
+  // stages (rewritten 20 instructions after the issue)
+  constexpr bool kEarlyValues = C::R != 16, kEarlyMeta = kEarlyValues && (DRAIN || L > 1);
+  Row row[KT];
   lds_values(0, row[0]);
   lds_meta(0, row[0]);
 #pragma unroll
-  for (int q = 0; q < C::KT; ++q) {
+  for (int q = 0; q < KT; ++q) {
     const uint64_t desc = a_panel_desc(st, C::R, 2 * q) + w.a_row;  // k32 row q of A: k16 tiles 2q, 2q + 1
     const Row& r = row[q];
     uint32_t a[2 * J][4];
@@ -212,12 +216,16 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
       wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], r.mw[jj], desc);
     }
     wgmma_commit();
-    if (q + 1 < C::KT && kEarlyValues) lds_values(q + 1, row[q + 1]);
-    if (q + 1 < C::KT && kEarlyMeta) lds_meta(q + 1, row[q + 1]);
-    wgmma_wait_tile<C::KT, DRAIN>(q);
+    if (q + 1 < KT && kEarlyValues) lds_values(q + 1, row[q + 1]);
+    if (q + 1 < KT && kEarlyMeta) lds_meta(q + 1, row[q + 1]);
+    if (q + 1 < KT || (!DRAIN && L + 1 > KT)) {
+      wgmma_wait<L>();
+    } else if (DRAIN) {
+      wgmma_wait<0>();
+    }
     pin(acc);
-    if (q + 1 < C::KT && !kEarlyValues) lds_values(q + 1, row[q + 1]);
-    if (q + 1 < C::KT && !kEarlyMeta) lds_meta(q + 1, row[q + 1]);
+    if (q + 1 < KT && !kEarlyValues) lds_values(q + 1, row[q + 1]);
+    if (q + 1 < KT && !kEarlyMeta) lds_meta(q + 1, row[q + 1]);
   }
 }
 #endif
@@ -245,7 +253,7 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
 
   wgmma_run<C, SparseCols<C>, GROUPED>(
       p, run, smem, acc, [&](uint32_t st) { loader.load(st); }, fence_proxy_async,
-      [&](uint32_t st) { compute_stage<C, GROUPED, true>(st, w, p.lg_group, acc); });
+      [&](uint32_t st) { compute_stage<C, GROUPED, true, 1>(st, w, p.lg_group, acc); });
 #endif
 }
 
@@ -281,7 +289,9 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
   ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 128 + 1, copy, [&](int tid) {
     const TileWords<C> w(tid);
     return [&p, w](uint32_t st, float (&acc)[2 * C::NS][C::ACC]) {
-      compute_stage<C, GROUPED, false>(st, w, p.lg_group, acc);
+      // two groups in flight with grouped scales (perf-log s17); with per-channel ones a row has fewer instructions,
+      // and two in flight brought the metadata rewrites to 57 (wrong outputs)
+      compute_stage<C, GROUPED, false, GROUPED ? 2 : 1>(st, w, p.lg_group, acc);
     };
   });
 #endif

@@ -9,6 +9,10 @@ wrong tile, metadata word, scale or row shows up as an error of order 1.
 from __future__ import annotations
 
 import functools
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +20,7 @@ from gpu_helpers import kernels_launched, poison, random_operands24, rel_error
 
 from marlin_cli.errors import ShapeError
 from marlin_cli.formats import marlin24
-from marlin_cli.kernel import ops, reference
+from marlin_cli.kernel import build, ops, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -157,3 +161,23 @@ def test_opcheck() -> None:
     a, b24, meta, s = random_operands24(17, 512, 256, 128)
     ops.gemm24(a, b24, meta, s)  # builds, loads and registers the fake
     torch.library.opcheck(torch.ops.marlin_cli.gemm24.default, (a, b24, meta, s, ops.workspace(a.device)))
+
+
+def test_metadata_registers_are_rewritten_late():
+    """ptxas may rewrite a wgmma.sp group's metadata register before the group retires, and the hardware reads it
+    after the issue: rewrites 20 and 57 instructions after it gave wrong outputs, 65 or more never have (perf-log s15,
+    s17). A toolchain that schedules the stage loop differently fails here before it fails on data."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma.sp kernels are built for sm_90a only")
+    nvcc = build.nvcc_path()
+    cuobjdump = shutil.which("cuobjdump") or (str(Path(nvcc).parent / "cuobjdump") if nvcc else None)
+    if cuobjdump is None or not Path(cuobjdump).is_file():
+        pytest.skip("cuobjdump (CUDA toolkit) not found")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "check_meta_hazards.py"
+    run = subprocess.run(
+        [sys.executable, str(script), str(build.build_kernels()), "--cuobjdump", cuobjdump],
+        capture_output=True,
+        text=True,
+    )
+    print(run.stdout.splitlines()[-1] if run.stdout else run.stderr)
+    assert run.returncode == 0, run.stdout + run.stderr
