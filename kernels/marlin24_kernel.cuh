@@ -392,10 +392,11 @@ struct Sm90Cfg {
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 // The warp-specialized 2:4 kernel for m > 64 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): 128-row chunks by
-// W columns, one block per SM of two computing warpgroups and one copying warpgroup (the A tile by a tensor copy, the
-// rest by Sm90Loader's cp.async), a ring of 64-deep stages. At W = 256 each computing warpgroup takes one 128-column strip on all 128 rows (two m64n128k32
-// per k32 row); at W = 128 (layers too narrow for 256-column tiles) both take the one strip, each on its 64 rows (a
-// row block: two m64n64k32), since in this lane layout a strip's columns cannot be split between warpgroups.
+// W columns, one block per SM of two computing warpgroups and one copying warpgroup (the A tile by a tensor copy per
+// 64-deep panel, the rest by Sm90Loader's cp.async), a ring of 128-deep stages. At W = 256 each computing warpgroup
+// takes one 128-column strip on all 128 rows (two m64n128k32 per k32 row); at W = 128 (layers too narrow for 256-column
+// tiles) both take the one strip, each on its 64 rows (a row block: two m64n64k32), since in this lane layout a strip's
+// columns cannot be split between warpgroups.
 template <int W_>
 struct Sm90WsCfg : detail::WsBlock {
   static constexpr int LOAD_TID0 = THREADS;  // the copying warpgroup's first thread (Sm90Loader)
@@ -403,7 +404,7 @@ struct Sm90WsCfg : detail::WsBlock {
   static constexpr int R = 128, W = W_;
   static constexpr int STRIPS = W / 128;
   static constexpr int NS = 1;  // the packed words a warp takes of each chunk
-  static constexpr int KT = 2, DEPTH = 32 * KT, A_CHUNKS = 4 * KT;
+  static constexpr int KT = 4, DEPTH = 32 * KT, A_CHUNKS = 4 * KT;  // 128 deep (perf-log s18)
   static constexpr int A_STAGE = R * A_CHUNKS;
   static constexpr int B_STAGE = KT * W / 2;
   static constexpr int M_STAGE = KT * W / 4;

@@ -19,8 +19,8 @@
 // panels).
 //
 // Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes 128 x 256 tiles: two computing warpgroups,
-// one strip each (warp w its word w % 4, two m64n128k32 per k32 row), and a copying warpgroup: the A tile by a
-// tensor copy, as the dense one does above m = 64 (marlin_sm90.cu), the rest by Sm90Loader's cp.async. On layers too
+// one strip each (warp w its word w % 4, two m64n128k32 per k32 row), and a copying warpgroup: the A tile by tensor
+// copies, as the dense one does above m = 64 (marlin_sm90.cu), the rest by Sm90Loader's cp.async. On layers too
 // narrow for 256-column tiles it takes 128 x 128 ones: both computing warpgroups on the one strip, each on its row
 // block of 64 rows (two m64n64k32 per k32 row).
 //
@@ -172,7 +172,8 @@ struct TileWords {
 // shared-memory latency hides behind it (perf-log s15), except in 16-row chunks (measured slower).
 // ptxas does not keep a group's metadata register until the group retires, as it does its fragments: it rewrites it
 // once the wgmma.sp has issued, and the hardware reads it later. Rewrites 20 and 57 instructions after the issue gave
-// wrong outputs, 65 or more never have (perf-log s15, s17); scripts/check_meta_hazards.py reports a build's nearest.
+// wrong outputs, 65 or more never have (perf-log s15, s17; 111 since s18); scripts/check_meta_hazards.py reports a
+// build's nearest.
 template <class C, bool GROUPED, bool DRAIN, int L, int U>
 __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w, int lg_group,
                                               float (&acc)[U][C::ACC]) {
@@ -182,7 +183,7 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
   struct Row {
     uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
   };
-  auto lds_values = [&](int q, Row& r) {  // codes and scales
+  auto lds_row = [&](int q, Row& r) {
     lds_words(st + w.b_x + q * kBRow, r.wx);
     lds_words(st + w.b_y + q * kBRow, r.wy);
     if (GROUPED) {
@@ -190,17 +191,12 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
       lds_words(so, r.vx);
       lds_words(so + 16, r.vy);
     }
-  };
-  auto lds_meta = [&](int q, Row& r) {
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) r.mw[jj] = lds32(st + w.m_off[jj] + q * kMRow);
   };
-  // what of the next row is read before the wait (above): not the metadata where one group stays in flight across
-  // stages (rewritten 20 instructions after the issue)
-  constexpr bool kEarlyValues = C::R != 16, kEarlyMeta = kEarlyValues && (DRAIN || L > 1);
+  constexpr bool kEarly = C::R != 16;
   Row row[KT];
-  lds_values(0, row[0]);
-  lds_meta(0, row[0]);
+  lds_row(0, row[0]);
 #pragma unroll
   for (int q = 0; q < KT; ++q) {
     const uint64_t desc = a_panel_desc(st, C::R, 2 * q) + w.a_row;  // k32 row q of A: k16 tiles 2q, 2q + 1
@@ -216,16 +212,14 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
       wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], r.mw[jj], desc);
     }
     wgmma_commit();
-    if (q + 1 < KT && kEarlyValues) lds_values(q + 1, row[q + 1]);
-    if (q + 1 < KT && kEarlyMeta) lds_meta(q + 1, row[q + 1]);
+    if (q + 1 < KT && kEarly) lds_row(q + 1, row[q + 1]);
     if (q + 1 < KT || (!DRAIN && L + 1 > KT)) {
       wgmma_wait<L>();
     } else if (DRAIN) {
       wgmma_wait<0>();
     }
     pin(acc);
-    if (q + 1 < KT && !kEarlyValues) lds_values(q + 1, row[q + 1]);
-    if (q + 1 < KT && !kEarlyMeta) lds_meta(q + 1, row[q + 1]);
+    if (q + 1 < KT && !kEarly) lds_row(q + 1, row[q + 1]);
   }
 }
 #endif
@@ -258,16 +252,16 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
 }
 
 // The warp-specialized 2:4 kernel (Sm90WsCfg, m > 64): threads 0-255 compute (two warpgroups, a strip or a row
-// block each), the third warpgroup copies (ws_kernel): per stage its first thread issues the A tile as one tensor copy
-// charged to the slot's full barrier, and every copying thread its share of codes, metadata and scales by Sm90Loader's
-// cp.async (their swizzle keeps the computing lanes' loads conflict-free, which bulk copies cannot), which arrives on
-// the full barrier once they have landed (129 arrivals in all). Codes, metadata and scales are read by plain shared
-// loads, so no proxy fence is needed.
+// block each), the third warpgroup copies (ws_kernel): per stage its first thread issues the A tile as a tensor copy
+// per 64-deep panel charged to the slot's full barrier, and every copying thread its share of codes, metadata and
+// scales by Sm90Loader's cp.async (their swizzle keeps the computing lanes' loads conflict-free, which bulk copies
+// cannot), which arrives on the full barrier once they have landed (129 arrivals in all). Codes, metadata and scales
+// are read by plain shared loads, so no proxy fence is needed.
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     gemm24_sm90_ws_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(C::A_TMA && C::A_STAGE == C::R * 8, "the A tile is one 64-deep panel: one tensor copy");
+  static_assert(C::A_TMA && C::A_STAGE % (C::R * 8) == 0, "the A tile is 64-deep panels: a tensor copy each");
   auto copy = [&](const Run& run, const WsRing& ring) {
     Sm90Loader<C, GROUPED> loader(p, p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8), run.m_rows,
                                   run.t_begin);
@@ -278,7 +272,10 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
       const uint32_t st = ring.ring + at.slot * C::STAGE * 16, bar = ring.full0 + 8 * at.slot;
       if (threadIdx.x == C::LOAD_TID0) {
         mbar_expect(bar, C::A_STAGE * 16);
-        tma_load_2d(st, &a_map, loader.ld_kt * C::DEPTH, run.chunk * C::R, bar);
+#pragma unroll
+        for (int pn = 0; pn < C::A_STAGE / (C::R * 8); ++pn) {
+          tma_load_2d(st + pn * C::R * 128, &a_map, loader.ld_kt * C::DEPTH + 64 * pn, run.chunk * C::R, bar);
+        }
       }
       loader.load(st);
       cp_async_mbar_arrive(bar);
@@ -289,9 +286,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
   ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 128 + 1, copy, [&](int tid) {
     const TileWords<C> w(tid);
     return [&p, w](uint32_t st, float (&acc)[2 * C::NS][C::ACC]) {
-      // two groups in flight with grouped scales (perf-log s17); with per-channel ones a row has fewer instructions,
-      // and two in flight brought the metadata rewrites to 57 (wrong outputs)
-      compute_stage<C, GROUPED, false, GROUPED ? 2 : 1>(st, w, p.lg_group, acc);
+      compute_stage<C, GROUPED, false, 2>(st, w, p.lg_group, acc);  // two groups in flight (perf-log s17, s18)
     };
   });
 #endif
