@@ -166,10 +166,10 @@ struct TileWords {
 
 // One stage at st into acc[2jj + p] (tile (word0 + jj, p) of every warp): per k32 row the words, metadata and scales
 // from the stage, the kept values' fragments (tile_pair) and 2J wgmma.sp of 64 x R. After each row's group the wait
-// leaves L groups in flight; at the stage's end all are retired (DRAIN), or the last ones stay in flight for
-// ws_kernel, which releases the slot once the next stage is computed (perf-log w9, s14, s17): the last row waits too
-// where L + 1 groups would be more than the stage's rows. The next row's words are read before the wait, so the
-// shared-memory latency hides behind it (perf-log s15), except in 16-row chunks (measured slower).
+// leaves L groups in flight; at the stage's end all are retired (DRAIN), or the last L + 1 stay in flight for
+// ws_kernel (perf-log w9, s14, s17), at most the stage's KT, so none of them remains once the next stage is computed
+// and ws_kernel releases the slot then. The next row's words are read before the wait, so the shared-memory latency
+// hides behind it (perf-log s15), except in 16-row chunks (measured slower).
 // ptxas does not keep a group's metadata register until the group retires, as it does its fragments: it rewrites it
 // once the wgmma.sp has issued, and the hardware reads it later. Rewrites 20 and 57 instructions after the issue gave
 // wrong outputs, 65 or more never have (perf-log s15, s17; 111 since s18); scripts/check_meta_hazards.py reports a
@@ -179,7 +179,7 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
                                               float (&acc)[U][C::ACC]) {
   constexpr int J = U / 2, KT = C::KT;
   constexpr uint32_t kBRow = C::W / 2 * 16, kMRow = C::W / 4 * 16, kSRow = C::W / 8 * 16;
-  static_assert(L >= 1 && L <= KT, "a wait leaves 1 to KT groups in flight");
+  static_assert(L >= 1 && L < KT, "a wait leaves 1 to KT - 1 groups in flight, so a stage's last L + 1 fit in it");
   struct Row {
     uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
   };
@@ -213,11 +213,7 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
     }
     wgmma_commit();
     if (q + 1 < KT && kEarly) lds_row(q + 1, row[q + 1]);
-    if (q + 1 < KT || (!DRAIN && L + 1 > KT)) {
-      wgmma_wait<L>();
-    } else if (DRAIN) {
-      wgmma_wait<0>();
-    }
+    wgmma_wait_tile<KT, DRAIN, L>(q);
     pin(acc);
     if (q + 1 < KT && !kEarly) lds_row(q + 1, row[q + 1]);
   }

@@ -45,13 +45,13 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// After the group of k16 (2:4: k32) tile q of a stage of KT: wait for the previous tile's group only (its fragment
-// registers are reused next); after the stage's last, for all of them (DRAIN: ptxas may move accumulators at a ring
-// loop's back edge), or leave that group in flight.
-template <int KT, bool DRAIN = true>
+// After the group of k16 (2:4: k32) tile q of a stage of KT: wait until the last L groups only are in flight (L = 1:
+// the previous tile's fragment registers are reused next); after the stage's last, for all of them (DRAIN: ptxas may
+// move accumulators at a ring loop's back edge), or leave the last L + 1 in flight.
+template <int KT, bool DRAIN = true, int L = 1>
 __device__ __forceinline__ void wgmma_wait_tile(int q) {
   if (q + 1 < KT) {
-    wgmma_wait<1>();
+    wgmma_wait<L>();
   } else if (DRAIN) {
     wgmma_wait<0>();
   }
