@@ -10,7 +10,8 @@ metadata register: it may rewrite that once the HGMMA.SP has issued, and the har
 and 57 instructions after the issue gave wrong outputs (perf-log s15, s17); 65 or more never have. For each kernel
 with a stage loop of HGMMA.SP this walks the loop three times in program order, tracks the groups in flight (a group
 ends at the HGMMA marked gsb0, WARPGROUP.DEPBAR gsb0, N leaves N) and reports every write to a metadata register of a
-group in flight with its distance in instructions from the issue. Exit 1 if one is nearer than --min.
+group in flight with its distance in instructions from the issue. Exit 1 if one is nearer than --min, 2 if OBJECT
+holds no such loop (no sm_90a code of the 2:4 kernels).
 """
 
 from __future__ import annotations
@@ -95,11 +96,12 @@ def main() -> int:
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
     args = ap.parse_args()
     sass = subprocess.run([args.cuobjdump, "--dump-sass", args.object], capture_output=True, text=True, check=True)
-    worst = None
+    worst, loops = None, 0
     for name, instrs in sorted(functions(sass.stdout).items()):
         body = stage_loop(instrs)
         if body is None:
             continue
+        loops += 1
         found = rewrites(body)
         near = min((d for _, _, d in found), default=None)
         print(f"{'none' if near is None else near:>5}  {name}")
@@ -107,6 +109,9 @@ def main() -> int:
             print(f"       {addr:#06x} {text}  ({dist} instructions after its HGMMA.SP)")
         if near is not None and (worst is None or near < worst):
             worst = near
+    if loops == 0:
+        print(f"{args.object}: no stage loop of HGMMA.SP (no sm_90a code of the 2:4 wgmma kernels)")
+        return 2
     print(f"nearest rewrite: {worst if worst is not None else 'none'} instructions (accepted from {args.min})")
     return 1 if worst is not None and worst < args.min else 0
 

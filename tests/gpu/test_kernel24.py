@@ -180,4 +180,6 @@ def test_metadata_registers_are_rewritten_late():
         text=True,
     )
     print(run.stdout.splitlines()[-1] if run.stdout else run.stderr)
+    if run.returncode == 2:
+        pytest.skip("the built library has no wgmma.sp kernels (TORCH_CUDA_ARCH_LIST without 9.0a)")
     assert run.returncode == 0, run.stdout + run.stderr
