@@ -400,7 +400,7 @@ struct Sm90Cfg {
 template <int W_>
 struct Sm90WsCfg : detail::WsBlock {
   static constexpr int LOAD_TID0 = THREADS;  // the copying warpgroup's first thread (Sm90Loader)
-  static constexpr bool A_TMA = true;  // the A tile by one tensor copy per stage (Sm90Loader: the rest)
+  static constexpr bool A_TMA = true;  // the A tile by a tensor copy per 64-deep panel (Sm90Loader: the rest)
   static constexpr int R = 128, W = W_;
   static constexpr int STRIPS = W / 128;
   static constexpr int NS = 1;  // the packed words a warp takes of each chunk

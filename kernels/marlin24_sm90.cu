@@ -257,7 +257,7 @@ template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     gemm24_sm90_ws_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(C::A_TMA && C::A_STAGE % (C::R * 8) == 0, "the A tile is 64-deep panels: a tensor copy each");
+  static_assert(C::A_TMA, "the copying warpgroup's first thread copies the A tile, a tensor copy per panel");
   auto copy = [&](const Run& run, const WsRing& ring) {
     Sm90Loader<C, GROUPED> loader(p, p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8), run.m_rows,
                                   run.t_begin);
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
       if (threadIdx.x == C::LOAD_TID0) {
         mbar_expect(bar, C::A_STAGE * 16);
 #pragma unroll
-        for (int pn = 0; pn < C::A_STAGE / (C::R * 8); ++pn) {
+        for (int pn = 0; pn < loader.PANELS; ++pn) {
           tma_load_2d(st + pn * C::R * 128, &a_map, loader.ld_kt * C::DEPTH + 64 * pn, run.chunk * C::R, bar);
         }
       }
