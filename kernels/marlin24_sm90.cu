@@ -290,24 +290,16 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
 
 template <class C>
 cudaError_t launch_cols(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  static bool ready[2][kMaxDevices] = {};
-  using Parts = RegisterParts<C, SparseCols<C>, 2 * C::NS>;
-  return launch_with_parts<Parts>(grouped, p, grid, device, stream, [&](const Params& q) {
-    return launch_opt_in(grouped ? gemm24_sm90_kernel<C, true> : gemm24_sm90_kernel<C, false>, ready[grouped][device],
-                         grid, C::THREADS, C::SMEM, device, stream, q);
-  });
+  return launch_gemm<RegisterParts<C, SparseCols<C>, 2 * C::NS>, false, gemm24_sm90_kernel<C, true>,
+                     gemm24_sm90_kernel<C, false>>(grouped, p, grid, C::THREADS, C::SMEM, device, stream);
 }
 
 template <class C>
 cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  static bool ready[2][kMaxDevices] = {};
   CUtensorMap map = {};
   if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
-  using Parts = RegisterParts<C, SparseCols<C>, 2 * C::NS>;
-  return launch_with_parts<Parts>(grouped, p, grid, device, stream, [&](const Params& q) {
-    return launch_opt_in(grouped ? gemm24_sm90_ws_kernel<C, true> : gemm24_sm90_ws_kernel<C, false>,
-                         ready[grouped][device], grid, C::BLOCK_THREADS, C::SMEM, device, stream, q, map);
-  });
+  return launch_gemm<RegisterParts<C, SparseCols<C>, 2 * C::NS>, false, gemm24_sm90_ws_kernel<C, true>,
+                     gemm24_sm90_ws_kernel<C, false>>(grouped, p, grid, C::BLOCK_THREADS, C::SMEM, device, stream, map);
 }
 
 cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {

@@ -888,18 +888,6 @@ cudaError_t launch_kernel(void (*kernel)(P...), int grid, int threads, int smem,
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
-// launch_kernel after raising the kernel's dynamic shared-memory limit to smem, once per kernel and device (`ready`).
-template <class... P>
-cudaError_t launch_opt_in(void (*kernel)(P...), bool& ready, int grid, int threads, int smem, int device,
-                          cudaStream_t stream, const P&... args) {
-  if (!ready) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    ready = true;
-  }
-  return launch_kernel(kernel, grid, threads, smem, device, stream, args...);
-}
-
 // A GEMM of `grid` blocks whose split column strips' parts are laid out as L says, started by launch(q), and
 // add_parts_kernel<L> after it when the launch leaves strips in parts, unless the kernel adds them itself (OWN: a
 // warp-specialized kernel, where own_parts() holds; q.flags is null otherwise); q is p (the kernel's Params, a 2:4
@@ -916,6 +904,23 @@ cudaError_t launch_with_parts(bool grouped, const P& p, int grid, int device, cu
   const int blocks = grid / p.blocks_per_chunk * n_cols * (L::R / 8);
   return launch_kernel(grouped ? add_parts_kernel<L, true> : add_parts_kernel<L, false>, blocks, L::THREADS, 0, device,
                        stream, static_cast<const Params&>(p));
+}
+
+// A GEMM: the instance `grouped` picks of GROUPED and PER_CHANNEL, its dynamic shared-memory limit raised to smem
+// once per instance and device, launched through launch_with_parts<L, OWN> with args after its Params.
+template <class L, bool OWN, auto GROUPED, auto PER_CHANNEL, class P, class... A>
+cudaError_t launch_gemm(bool grouped, const P& p, int grid, int threads, int smem, int device, cudaStream_t stream,
+                        const A&... args) {
+  static bool ready[2][kMaxDevices] = {};
+  return launch_with_parts<L, OWN>(grouped, p, grid, device, stream, [&](const P& q) {
+    const auto kernel = grouped ? GROUPED : PER_CHANNEL;
+    if (!ready[grouped][device]) {
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      ready[grouped][device] = true;
+    }
+    return launch_kernel(kernel, grid, threads, smem, device, stream, q, args...);
+  });
 }
 
 // The checks both products make before any launch (k % 128, n % n_multiple, the device, the workspace); sets
@@ -959,11 +964,8 @@ cudaError_t run_chunk_groups(P& p, const Args& g, const void* a, int lg_group, i
 
 template <class C>
 cudaError_t launch(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  static bool ready[2][kMaxDevices] = {};
-  return launch_with_parts<RowParts<C, true>>(grouped, p, grid, device, stream, [&](const Params& q) {
-    return launch_opt_in(grouped ? gemm_kernel<C, true> : gemm_kernel<C, false>, ready[grouped][device], grid,
-                         kThreads, C::SMEM, device, stream, q);
-  });
+  return launch_gemm<RowParts<C, true>, false, gemm_kernel<C, true>, gemm_kernel<C, false>>(grouped, p, grid, kThreads,
+                                                                                            C::SMEM, device, stream);
 }
 
 // Tile shapes: small m streams 128 x 128 tiles (two strips, 4 k warps each: the deep k split keeps 8 warps busy on

@@ -260,24 +260,16 @@ cudaError_t a_tensor_map(const Params& p, int rows, CUtensorMap* map) {
 
 template <class C>
 cudaError_t launch_rows(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  static bool ready[2][kMaxDevices] = {};
-  using Parts = RegisterParts<C, DenseCols<C>, C::NS>;
-  return launch_with_parts<Parts>(grouped, p, grid, device, stream, [&](const Params& q) {
-    return launch_opt_in(grouped ? gemm_sm90_kernel<C, true> : gemm_sm90_kernel<C, false>, ready[grouped][device],
-                         grid, C::THREADS, C::SMEM, device, stream, q);
-  });
+  return launch_gemm<RegisterParts<C, DenseCols<C>, C::NS>, false, gemm_sm90_kernel<C, true>,
+                     gemm_sm90_kernel<C, false>>(grouped, p, grid, C::THREADS, C::SMEM, device, stream);
 }
 
 template <class C>
 cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  static bool ready[2][kMaxDevices] = {};
   CUtensorMap map = {};
   if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
-  using Parts = RegisterParts<C, DenseCols<C>, C::NS>;
-  return launch_with_parts<Parts, C::OWN_PARTS>(grouped, p, grid, device, stream, [&](const Params& q) {
-    return launch_opt_in(grouped ? gemm_sm90_ws_kernel<C, true> : gemm_sm90_ws_kernel<C, false>,
-                         ready[grouped][device], grid, C::BLOCK_THREADS, C::SMEM, device, stream, q, map);
-  });
+  return launch_gemm<RegisterParts<C, DenseCols<C>, C::NS>, C::OWN_PARTS, gemm_sm90_ws_kernel<C, true>,
+                     gemm_sm90_ws_kernel<C, false>>(grouped, p, grid, C::BLOCK_THREADS, C::SMEM, device, stream, map);
 }
 
 cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,
