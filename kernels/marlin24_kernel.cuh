@@ -367,6 +367,7 @@ struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
   static constexpr int LOAD_TID0 = 0;  // the threads that copy stages (Sm90Loader): all of them
   static constexpr bool A_TMA = false;  // Sm90Loader copies the A tile too
+  static constexpr bool WORD_MAJOR = false;  // codes in 16-byte chunks, as stored (Sm90Loader)
   static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
   static constexpr int W = W_;
   static constexpr int STRIPS = W / 128;  // 128-column strips of the tile
@@ -401,6 +402,7 @@ template <int W_>
 struct Sm90WsCfg : detail::WsBlock {
   static constexpr int LOAD_TID0 = THREADS;  // the copying warpgroup's first thread (Sm90Loader)
   static constexpr bool A_TMA = true;  // the A tile by a tensor copy per 64-deep panel (Sm90Loader: the rest)
+  static constexpr bool WORD_MAJOR = true;  // codes word by word, each warp's words contiguous (Sm90Loader)
   static constexpr int R = 128, W = W_;
   static constexpr int STRIPS = W / 128;
   static constexpr int NS = 1;  // the packed words a warp takes of each chunk

@@ -48,6 +48,7 @@ struct Sm90Loader {
   static constexpr int PANELS = C::A_CHUNKS / 8;  // 64-deep panels of the A tile
   static constexpr int B_PER = C::B_STAGE / T;
   static constexpr int B_ROWS = T / (C::W / 2);  // k32 rows per pass of the B copy
+  static constexpr int B_WORDS = 2 * C::W / T;   // word-major: passes per k32 row (2W words)
   static constexpr int M_PER = (C::M_STAGE + T - 1) / T;
   static constexpr int M_ROWS = T / (C::W / 4);  // k32 rows per pass of the metadata copy
   static constexpr int S_PER = (C::S_STAGE + T - 1) / T;  // scale rows: KT at most (groups of 32)
@@ -63,6 +64,7 @@ struct Sm90Loader {
   const int4* a_g;
   int a_src, a_rows;  // A: this thread's chunk of row r0 (panel 0), and the rows that exist from r0 on
   uint32_t a_dst, b_dst, m_dst, s_dst;
+  uint32_t b_word[2];  // word-major: where this thread's word of an even / odd pass goes
   int m_src, s_src;  // chunk offsets within a k32 row of metadata / a scale row
   bool s_copy[S_PER];
   int ld_col, ld_kt;  // next tile to load
@@ -76,6 +78,12 @@ struct Sm90Loader {
     a_dst = a_panel_chunk<C::R>(r, j) * 16;
     // B: chunk e = tid + i * THREADS of the stage is chunk e % (W / 2) of k32 row e / (W / 2) (load)
     b_dst = (C::A_STAGE + (tid ^ ((tid >> 1) & 4))) * 16;
+    // word-major: pass j copies words tid + 128 j of a k32 row: word w = tid % 4 of chunk c = 8g + 4h + t (c = tid / 4
+    // + 32 j within the row) goes to word_major(strip j / 2, w, h, g, t)
+    if constexpr (C::WORD_MAJOR) {
+#pragma unroll
+      for (int o = 0; o < 2; ++o) b_word[o] = word_major(0, tid & 3, (tid >> 4) & 1, (tid >> 5) + 4 * o, (tid >> 2) & 3);
+    }
     m_src = (tid / (C::W / 4)) * (p.n / 4) + tid % (C::W / 4);
     m_dst = (C::A_STAGE + C::B_STAGE + (tid ^ ((tid >> 3) & 3))) * 16;
     // scales: max(1, KT >> lg_group) rows per stage, the first being the stage's first k32 row >> lg_group
@@ -89,13 +97,31 @@ struct Sm90Loader {
     ld_kt = t_begin - ld_col * k_tiles;
   }
 
+  // Byte offset in a stage of word w of chunk c = 8g + 4h + t of strip s's k32 row 0 in the word-major layout: each
+  // (strip, word) a block of 64 words, the h = 0 and h = 1 halves rotated so that a computing warp's 32 lanes (one
+  // word w, lane (g, t): one word per half) and a copying warp's (8 chunks x 4 words) both hit 32 banks.
+  static __device__ __forceinline__ uint32_t word_major(int s, int w, int h, int g, int t) {
+    return (C::A_STAGE * 4 + s * 256 + w * 64 + h * 32 + ((4 * g + t + 4 * h + 8 * w) & 31)) * 4;
+  }
+
   __device__ __forceinline__ void load(uint32_t st) {
     const int tid = threadIdx.x - C::LOAD_TID0;
     const int row = ld_kt * C::KT;  // first k32 row of the tile
-    const int4* b = p.b + static_cast<int64_t>(row + tid / (C::W / 2)) * (p.n / 2) + ld_col * (C::W / 2) +
-                    tid % (C::W / 2);
+    if constexpr (C::WORD_MAJOR) {
+      const uint32_t* b = reinterpret_cast<const uint32_t*>(p.b) + static_cast<int64_t>(row) * (2 * p.n) +
+                          ld_col * (2 * C::W) + tid;
 #pragma unroll
-    for (int i = 0; i < B_PER; ++i) cp_async16(st + b_dst + i * T * 16, b + i * B_ROWS * (p.n / 2));
+      for (int r = 0; r < C::KT; ++r)
+#pragma unroll
+        for (int j = 0; j < B_WORDS; ++j) {
+          cp_async4(st + b_word[j % 2] + (r * 2 * C::W + j / 2 * 256) * 4, b + r * 2 * p.n + T * j);
+        }
+    } else {
+      const int4* b = p.b + static_cast<int64_t>(row + tid / (C::W / 2)) * (p.n / 2) + ld_col * (C::W / 2) +
+                      tid % (C::W / 2);
+#pragma unroll
+      for (int i = 0; i < B_PER; ++i) cp_async16(st + b_dst + i * T * 16, b + i * B_ROWS * (p.n / 2));
+    }
 #pragma unroll
     for (int i = 0; i < M_PER; ++i) {
       if (C::M_STAGE >= T || tid < C::M_STAGE) {  // fewer chunks than threads: one pass, some threads
@@ -153,8 +179,14 @@ struct TileWords {
     a_row = TP < C::THREADS ? tid / TP * N * 128 >> 4 : 0;
     const int strip = warp_strip<C::NS>(warp), word0 = warp_word0<C::NS>(warp);
     const int g = lane / 4, t = lane % 4;
-    b_x = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (g & 1)) * 16 + 4 * word0;
-    b_y = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (1 - (g & 1))) * 16 + 4 * word0;
+    if constexpr (C::WORD_MAJOR) {
+      static_assert(J == 1, "one word per chunk");
+      b_x = Sm90Loader<C, true>::word_major(strip, word0, 0, g, t);
+      b_y = Sm90Loader<C, true>::word_major(strip, word0, 1, g, t);
+    } else {
+      b_x = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (g & 1)) * 16 + 4 * word0;
+      b_y = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (1 - (g & 1))) * 16 + 4 * word0;
+    }
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) {
       const int blk = g / 2, q = 4 * (t / 2) + ((word0 + jj) ^ blk);
@@ -183,20 +215,25 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
   struct Row {
     uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
   };
-  auto lds_row = [&](int q, Row& r) {
+  constexpr bool kEarly = C::R != 16;  // the next row's words read before the wait (perf-log s15)
+  constexpr bool kKeep = C::R != 16;   // a scale group's later rows keep its scales (perf-log s19)
+  Row row[KT];
+  auto lds_row = [&](int q) {
+    Row& r = row[q];
     lds_words(st + w.b_x + q * kBRow, r.wx);
     lds_words(st + w.b_y + q * kBRow, r.wy);
-    if (GROUPED) {
+    if (GROUPED && (!kKeep || q == 0 || (q & ((1 << lg_group) - 1)) == 0)) {
       const uint32_t so = st + w.s_off + (q >> lg_group) * kSRow;
       lds_words(so, r.vx);
       lds_words(so + 16, r.vy);
+    } else if (GROUPED) {
+#pragma unroll
+      for (int jj = 0; jj < J; ++jj) r.vx[jj] = row[q - 1].vx[jj], r.vy[jj] = row[q - 1].vy[jj];
     }
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) r.mw[jj] = lds32(st + w.m_off[jj] + q * kMRow);
   };
-  constexpr bool kEarly = C::R != 16;
-  Row row[KT];
-  lds_row(0, row[0]);
+  lds_row(0);
 #pragma unroll
   for (int q = 0; q < KT; ++q) {
     const uint64_t desc = a_panel_desc(st, C::R, 2 * q) + w.a_row;  // k32 row q of A: k16 tiles 2q, 2q + 1
@@ -212,10 +249,10 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
       wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], r.mw[jj], desc);
     }
     wgmma_commit();
-    if (q + 1 < KT && kEarly) lds_row(q + 1, row[q + 1]);
+    if (q + 1 < KT && kEarly) lds_row(q + 1);
     wgmma_wait_tile<KT, DRAIN, L>(q);
     pin(acc);
-    if (q + 1 < KT && !kEarly) lds_row(q + 1, row[q + 1]);
+    if (q + 1 < KT && !kEarly) lds_row(q + 1);
   }
 }
 #endif
