@@ -204,7 +204,7 @@ struct TileWords {
 // hides behind it (perf-log s15), except in 16-row chunks (measured slower).
 // ptxas does not keep a group's metadata register until the group retires, as it does its fragments: it rewrites it
 // once the wgmma.sp has issued, and the hardware reads it later. Rewrites 20 and 57 instructions after the issue gave
-// wrong outputs, 65 or more never have (perf-log s15, s17; 111 since s18); scripts/check_meta_hazards.py reports a
+// wrong outputs, 65 or more never have (perf-log s15, s17; 113 since s19); scripts/check_meta_hazards.py reports a
 // build's nearest.
 template <class C, bool GROUPED, bool DRAIN, int L, int U>
 __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w, int lg_group,
