@@ -125,6 +125,13 @@ def test_help_explains_every_option(run_cli) -> None:  # noqa: ANN001
         assert run_cli(command, "--help")[0] == 0
 
 
+def test_version(run_cli) -> None:  # noqa: ANN001
+    from marlin_cli import __version__
+
+    code, stdout, _ = run_cli("--version")
+    assert code == 0 and stdout.startswith(f"marlin {__version__} (torch ")
+
+
 def test_verify_model_check(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "w4"
     assert run_cli("quantize", tiny_models("llama"), out, *FAST)[0] == 0

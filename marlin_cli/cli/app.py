@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import Annotated
 
 import torch
 import transformers
 import typer
 from rich.markup import escape
 
+from marlin_cli import __version__
 from marlin_cli.cli.build_kernels import build_kernels_command
 from marlin_cli.cli.common import err_console
 from marlin_cli.cli.inspect import inspect_command
@@ -26,6 +28,23 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:  # the versions a conversion job's log should carry
+        print(f"marlin {__version__} (torch {torch.__version__}, transformers {transformers.__version__})")
+        raise typer.Exit
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", help="Print the versions and exit.", callback=_print_version, is_eager=True)
+    ] = False,
+) -> None:
+    pass
+
+
 app.command("quantize", epilog=EXAMPLES)(quantize_command)
 app.command("pack")(pack_command)
 app.command("verify")(verify_command)
