@@ -7,11 +7,12 @@
 // kernel's own pieces one at a time on its 64 x 256 and 128 x 128 tiles and on 128 x 256 tiles of two warpgroups:
 // the weight words and scales read from the stage in shared memory, the real dequantize-and-scale, and the stage
 // copies (cp.async from an L2-resident source into the ring, waited for as the kernel does), so the step that
-// costs the rate shows (perf-log w4).
+// costs the rate shows (perf-log w4). The part run first (`traffic`) puts the 2:4 pattern on the warp-specialized 2:4
+// kernel's shape and adds its waits, copies and shared loads (perf-log s19).
 //
 // Build and run on the H200 (no torch needed):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/bench_wgmma scripts/bench_wgmma_pattern.cu
-//   /tmp/bench_wgmma [LAUNCHES]
+//   /tmp/bench_wgmma [LAUNCHES] [traffic]     (`traffic`: that part only)
 // LAUNCHES (default 1): timed launches of about 1 ms per staircase step, the median reported; 100 hold the GPU under
 // sustained load as scripts/bench_kernel.py does, 1 (the perf-log w4 figures) catches it at a higher clock.
 #include <cuda_runtime.h>
@@ -117,6 +118,116 @@ void run(const char* name, float* out, int blocks) {
   const double flop = 2.0 * 64 * N * (SPARSE ? 32 : 16) * J * 4.0 * kIters * blocks;  // 2:4: the dense-equivalent
   printf("%-46s %3d blocks  %7.1f TFLOP/s  (%s)\n", name, blocks, flop / ms / 1e9,
          cudaGetErrorString(cudaGetLastError()));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+// The 2:4 pattern above on the warp-specialized 2:4 kernel's shape, with its copies and other shared-memory traffic:
+// WGS computing warpgroups per block (2 / WGS blocks per SM), each issuing two m64n128k32 per group (one in flight) on
+// one tile, and a copying warp that lands, per group of the block, NEAR bytes from an L2-resident source and FAR bytes
+// from a source too large for L2 by bulk copies into a ring of kBufs slots of PER groups, each PER groups waiting for
+// their slot's bytes (`full`) and releasing it (`empty`) as the kernel's stages do (PER 4: a stage of four k32 rows);
+// LDS conflict-free 4-byte shared loads per thread and group folded into the fragments. The kernel (WGS 2, PER 4,
+// 128 x 256 tiles, after s19) copies per k32 row 8 KB of activations from L2 and 3 KB of codes, metadata and scales
+// from DRAM, and loads about 3 words per thread, for the 32 KB that its four wgmma.sp read (perf-log s19).
+constexpr int kBufs = 4, kMaxSlot = 45056;
+constexpr int kTrafficSmem = kTileBytes + kBufs * kMaxSlot + 16 * kBufs + 1024;
+
+template <int WGS, int PER, int NEAR, int FAR, int LDS, bool KMETA = false>
+__global__ void __launch_bounds__(128 * WGS + 32, 2 / WGS)
+    traffic(const int4* src, int src_bytes, const int4* far, int64_t far_bytes, float* out, int iters) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace marlin_cli::detail;
+  constexpr int kNear = PER * NEAR, kFar = PER * FAR, kSlot = kNear + kFar;
+  static_assert(NEAR % 16 == 0 && FAR % 16 == 0 && kSlot <= kMaxSlot && 4 % PER == 0, "whole 16-byte units");
+  extern __shared__ unsigned char smem[];
+  const uint32_t shift = ((smem_addr(smem) + 1023) & ~1023u) - smem_addr(smem);
+  const uint32_t tile = smem_addr(smem) + shift, bufs = tile + kTileBytes;
+  const uint32_t full = bufs + kBufs * kMaxSlot, empty = full + 8 * kBufs;
+  for (int i = threadIdx.x; i < kTileBytes / 4; i += blockDim.x) {
+    reinterpret_cast<uint32_t*>(smem + shift)[i] = 0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu);
+  }
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < kBufs; ++b) mbar_init(full + 8 * b), mbar_init(empty + 8 * b, WGS);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const int slots = 4 * iters / PER;
+  if (threadIdx.x >= 128 * WGS) {  // the copying warp
+    if (threadIdx.x == 128 * WGS) {
+      const char* from = reinterpret_cast<const char*>(src);
+      for (int u = 0; u < slots; ++u) {
+        const int b = u % kBufs;
+        if (u >= kBufs) mbar_wait(empty + 8 * b, (u / kBufs - 1) & 1);
+        mbar_expect(full + 8 * b, kSlot);
+        const int64_t off = (int64_t{blockIdx.x} * 65536 + int64_t{u} * kNear) % (src_bytes - kNear) / 16 * 16;
+        bulk_copy(bufs + b * kMaxSlot, from + off, kNear, full + 8 * b);
+        if constexpr (FAR > 0) {  // each block its own stream through the far source
+          const int64_t per_block = far_bytes / gridDim.x / kFar * kFar;
+          const int64_t at = blockIdx.x * per_block + int64_t{u} * kFar % per_block;
+          bulk_copy(bufs + b * kMaxSlot + kNear, reinterpret_cast<const char*>(far) + at, kFar, full + 8 * b);
+        }
+      }
+    }
+    return;
+  }
+  float acc[2][64] = {};
+  const uint32_t w = 0x9e3779b9u * (threadIdx.x + 1);
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int g = 4 * it + q, u = g / PER, b = u % kBufs;
+      if (q % PER == 0) mbar_wait(full + 8 * b, (u / kBufs) & 1);
+      uint32_t x = w + g;
+#pragma unroll
+      for (int i = 0; i < LDS; ++i) x ^= lds32(tile + ((g * LDS + i) * 512 + threadIdx.x % 128 * 4) % kTileBytes);
+      uint32_t a[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) a[j][0] = x, a[j][1] = x ^ 0x100u, a[j][2] = x ^ 0x200u, a[j][3] = x ^ 0x300u;
+      wgmma_fence();
+      if constexpr (KMETA) {  // the kernel's metadata: a word per group, kept pairs (0, 1) or (2, 3) by its bits, one
+                              // register for both instructions through the two sparsity selectors
+        const uint32_t meta = ((x & 0x11111111u) * 0xau) ^ 0x44444444u;
+        wgmma_sp_m64k32<128, 0>(acc[0], a[0], meta, tile_desc(tile) + 4 * (q % 2));
+        wgmma_sp_m64k32<128, 1>(acc[1], a[1], meta, tile_desc(tile) + 4 * (q % 2));
+      } else {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wgmma_sp_m64k32<128, 0>(acc[j], a[j], 0x4e4e4e4eu, tile_desc(tile) + 4 * (q % 2));
+      }
+      wgmma_commit();
+      wait_groups<1>();
+      // nothing reads the slot: released once its last group has issued
+      if (q % PER == PER - 1 && threadIdx.x % 128 == 0) mbar_arrive(empty + 8 * b);
+    }
+  }
+  wait_groups<0>();
+  float sum = 0.f;
+  for (int j = 0; j < 2; ++j)
+    for (int e = 0; e < 64; ++e) sum += acc[j][e];
+  out[blockIdx.x * 256 + threadIdx.x] = sum;
+#endif
+}
+
+template <int WGS, int PER, int NEAR, int FAR, int LDS, bool KMETA = false>
+void run_traffic(const char* name, const int4* src, int src_bytes, const int4* far, int64_t far_bytes, float* out,
+                 int sms) {
+  auto kernel = traffic<WGS, PER, NEAR, FAR, LDS, KMETA>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTrafficSmem);
+  constexpr int kIters = 2000, kThreads = 128 * WGS + 32;
+  const int blocks = sms * 2 / WGS;
+  kernel<<<blocks, kThreads, kTrafficSmem>>>(src, src_bytes, far, far_bytes, out, 10);  // warm-up
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  kernel<<<blocks, kThreads, kTrafficSmem>>>(src, src_bytes, far, far_bytes, out, kIters);
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, start, stop);
+  const double groups = 4.0 * kIters * blocks * WGS, flop = 2.0 * 64 * 128 * 32 * 2 * groups;
+  printf("%d WG x %d blocks, a wait per %d: %-46s %7.1f TFLOP/s  %5.2f TB/s copied  (%s)\n", WGS, 2 / WGS, PER, name,
+         flop / ms / 1e9, (NEAR + FAR) * groups / WGS / ms / 1e9, cudaGetErrorString(cudaGetLastError()));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
 }
@@ -367,6 +478,31 @@ int main(int argc, char** argv) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   float* out = nullptr;
   cudaMalloc(&out, 2 * sms * 128 * sizeof(float));
+  {  // the 2:4 pattern with the warp-specialized 2:4 kernel's other shared-memory traffic
+    int4* src = nullptr;
+    const int src_bytes = 4 << 20;  // L2-resident
+    cudaMalloc(&src, src_bytes);
+    cudaMemset(src, 0x11, src_bytes);
+    // (one shared load at least: without any, ptxas serializes the wgmma.sp of the four-group stages, C7512)
+    int4* far = nullptr;
+    const int64_t far_bytes = int64_t{2} << 30;
+    cudaMalloc(&far, far_bytes);
+    cudaMemset(far, 0x22, far_bytes);
+    run_traffic<2, 1, 16, 0, 1>("16 bytes copied, 1 shared load per group", src, src_bytes, far, far_bytes, out, sms);
+    run_traffic<2, 4, 16, 0, 1>("16 bytes copied, 1 shared load per group", src, src_bytes, far, far_bytes, out, sms);
+    run_traffic<1, 1, 16, 0, 1>("16 bytes copied, 1 shared load per group", src, src_bytes, far, far_bytes, out, sms);
+    run_traffic<1, 4, 16, 0, 1>("16 bytes copied, 1 shared load per group", src, src_bytes, far, far_bytes, out, sms);
+    run_traffic<2, 4, 16, 0, 3>("16 bytes copied, 3 shared loads", src, src_bytes, far, far_bytes, out, sms);
+    run_traffic<2, 4, 8192, 0, 3>("8 KB from L2 per group, 3 shared loads", src, src_bytes, far, far_bytes, out, sms);
+    run_traffic<2, 4, 8192, 3072, 3>("+ 3 KB from DRAM (the kernel's copies)", src, src_bytes, far, far_bytes, out,
+                                     sms);
+    run_traffic<2, 4, 8192, 3072, 3, true>("+ the kernel's metadata", src, src_bytes, far, far_bytes, out, sms);
+    run_traffic<2, 4, 4096, 3072, 3>("half the L2 bytes (A shared by two blocks)", src, src_bytes, far, far_bytes,
+                                     out, sms);
+    cudaFree(far);
+    cudaFree(src);
+    if (argc > 2) return 0;  // `bench_wgmma N traffic`: this part only
+  }
   for (int blocks : {sms, 2 * sms}) {  // one and two warpgroups per SM
     run<64, 4, 1, false, false>("n64 x4 per group, 1 in flight", out, blocks);
     run<64, 4, 0, false, false>("n64 x4 per group, none in flight", out, blocks);
