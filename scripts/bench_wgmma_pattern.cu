@@ -100,26 +100,33 @@ __global__ void __launch_bounds__(128, 2) pattern(float* out, int iters) {
 #endif
 }
 
+// Milliseconds that `launch` (one kernel launch) takes, timed by CUDA events around it.
+template <class Launch>
+float time_once(Launch&& launch) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  launch();
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
 template <int N, int J, int WAIT, bool STAGE, bool DEQUANT, bool SPARSE = false>
 void run(const char* name, float* out, int blocks) {
   auto kernel = pattern<N, J, WAIT, STAGE, DEQUANT, SPARSE>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   constexpr int kIters = 2000;
   kernel<<<blocks, 128, kSmem>>>(out, 10);  // warm-up
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  kernel<<<blocks, 128, kSmem>>>(out, kIters);
-  cudaEventRecord(stop);
-  cudaEventSynchronize(stop);
-  float ms = 0.f;
-  cudaEventElapsedTime(&ms, start, stop);
+  const float ms = time_once([&] { kernel<<<blocks, 128, kSmem>>>(out, kIters); });
   const double flop = 2.0 * 64 * N * (SPARSE ? 32 : 16) * J * 4.0 * kIters * blocks;  // 2:4: the dense-equivalent
   printf("%-46s %3d blocks  %7.1f TFLOP/s  (%s)\n", name, blocks, flop / ms / 1e9,
          cudaGetErrorString(cudaGetLastError()));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
 }
 
 // The 2:4 pattern above on the warp-specialized 2:4 kernel's shape, with its copies and other shared-memory traffic:
@@ -204,7 +211,7 @@ __global__ void __launch_bounds__(128 * WGS + 32, 2 / WGS)
   float sum = 0.f;
   for (int j = 0; j < 2; ++j)
     for (int e = 0; e < 64; ++e) sum += acc[j][e];
-  out[blockIdx.x * 256 + threadIdx.x] = sum;
+  out[blockIdx.x * 128 * WGS + threadIdx.x] = sum;  // `out` holds 2 x SMs x 128
 #endif
 }
 
@@ -216,20 +223,11 @@ void run_traffic(const char* name, const int4* src, int src_bytes, const int4* f
   constexpr int kIters = 2000, kThreads = 128 * WGS + 32;
   const int blocks = sms * 2 / WGS;
   kernel<<<blocks, kThreads, kTrafficSmem>>>(src, src_bytes, far, far_bytes, out, 10);  // warm-up
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  kernel<<<blocks, kThreads, kTrafficSmem>>>(src, src_bytes, far, far_bytes, out, kIters);
-  cudaEventRecord(stop);
-  cudaEventSynchronize(stop);
-  float ms = 0.f;
-  cudaEventElapsedTime(&ms, start, stop);
+  const float ms =
+      time_once([&] { kernel<<<blocks, kThreads, kTrafficSmem>>>(src, src_bytes, far, far_bytes, out, kIters); });
   const double groups = 4.0 * kIters * blocks * WGS, flop = 2.0 * 64 * 128 * 32 * 2 * groups;
   printf("%d WG x %d blocks, a wait per %d: %-46s %7.1f TFLOP/s  %5.2f TB/s copied  (%s)\n", WGS, 2 / WGS, PER, name,
          flop / ms / 1e9, (NEAR + FAR) * groups / WGS / ms / 1e9, cudaGetErrorString(cudaGetLastError()));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
 }
 
 // The dense wgmma kernel's stage loop for R-row chunks (wgmma's n) with WGS warpgroups per block sharing each stage's
@@ -483,11 +481,11 @@ int main(int argc, char** argv) {
     const int src_bytes = 4 << 20;  // L2-resident
     cudaMalloc(&src, src_bytes);
     cudaMemset(src, 0x11, src_bytes);
-    // (one shared load at least: without any, ptxas serializes the wgmma.sp of the four-group stages, C7512)
     int4* far = nullptr;
     const int64_t far_bytes = int64_t{2} << 30;
     cudaMalloc(&far, far_bytes);
     cudaMemset(far, 0x22, far_bytes);
+    // (one shared load at least: without any, ptxas serializes the wgmma.sp of the four-group stages, C7512)
     run_traffic<2, 1, 16, 0, 1>("16 bytes copied, 1 shared load per group", src, src_bytes, far, far_bytes, out, sms);
     run_traffic<2, 4, 16, 0, 1>("16 bytes copied, 1 shared load per group", src, src_bytes, far, far_bytes, out, sms);
     run_traffic<1, 1, 16, 0, 1>("16 bytes copied, 1 shared load per group", src, src_bytes, far, far_bytes, out, sms);
