@@ -384,6 +384,7 @@ struct Sm90Cfg {
   // 6 (64 x 256: 7 fit, measured no faster) or 8
   static constexpr int STAGES = R == 64 ? (W == 256 ? 6 : 8) : detail::sm90_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
+  static constexpr int C_ROWS = 0;  // whole strips go to C from the registers (store_registers)
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
   static_assert(W == 128 || W == 256, "one or two strips");
   static_assert(R == 16 || R == 64, "wgmma.sp's n: 16 or 64");
@@ -412,8 +413,15 @@ struct Sm90WsCfg : detail::WsBlock {
   static constexpr int M_STAGE = KT * W / 4;
   static constexpr int S_STAGE = KT * W / 8;
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;
-  static constexpr int STAGES = detail::sm90_ws_stages_fit(STAGE);
-  static constexpr int SMEM = STAGES * STAGE * 16 + 1024;
+  // Whole strips go to C through shared memory, 64 rows per round (store_staged): from the registers, this column
+  // map's 2-byte stores put each value in a 32-byte sector of its own (perf-log s21). Rows C_PITCH halves apart (an
+  // odd number of words: a warp's stores of 4 rows x 8 columns 16 apart meet at most two to a bank).
+  static constexpr int C_ROWS = 64, C_PITCH = W + 2;
+  static constexpr int C_STAGING = (C_ROWS * C_PITCH * 2 + 127) / 128 * 128;  // bytes, after the ring
+  static constexpr int STAGES = detail::sm90_ws_stages_fit(STAGE, C_STAGING);
+  static constexpr int SMEM = STAGES * STAGE * 16 + C_STAGING + 1024;
+  // The blocks add split strips' parts themselves where runs are long (own_parts(); perf-log s22).
+  static constexpr bool OWN_PARTS = true;
   static constexpr int ACC = R / 2 / (CONSUMERS / STRIPS);  // accumulators per thread per wgmma: its rows x 64 / 128
   static_assert(W == 128 || W == 256, "one strip for both computing warpgroups, or one each");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");

@@ -22,7 +22,9 @@
 // one strip each (warp w its word w % 4, two m64n128k32 per k32 row), and a copying warpgroup: the A tile by tensor
 // copies, as the dense one does above m = 64 (marlin_sm90.cu), the rest by Sm90Loader's cp.async. On layers too
 // narrow for 256-column tiles it takes 128 x 128 ones: both computing warpgroups on the one strip, each on its row
-// block of 64 rows (two m64n64k32 per k32 row).
+// block of 64 rows (two m64n64k32 per k32 row). Its blocks write whole strips to C through shared memory
+// (store_staged: this column map's 2-byte stores from the registers put each value in a sector of its own) and add
+// split strips' parts themselves where runs are long (own_parts), as the dense 256-row tiles do (perf-log s21, s22).
 //
 // Everything else is the dense wgmma kernels': the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
@@ -316,7 +318,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     }
     cp_async_wait<0>();
   };
-  ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 128 + 1, copy, [&](int tid) {
+  ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS, C::OWN_PARTS>(p, 128 + 1, copy, [&](int tid) {
     const TileWords<C> w(tid);
     return [&p, w](uint32_t st, float (&acc)[2 * C::NS][C::ACC]) {
       compute_stage<C, GROUPED, false, 2>(st, w, p.lg_group, acc);  // two groups in flight (perf-log s17, s18)
@@ -335,7 +337,7 @@ template <class C>
 cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
   CUtensorMap map = {};
   if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
-  return launch_gemm<RegisterParts<C, SparseCols<C>, 2 * C::NS>, false, gemm24_sm90_ws_kernel<C, true>,
+  return launch_gemm<RegisterParts<C, SparseCols<C>, 2 * C::NS>, C::OWN_PARTS, gemm24_sm90_ws_kernel<C, true>,
                      gemm24_sm90_ws_kernel<C, false>>(grouped, p, grid, C::BLOCK_THREADS, C::SMEM, device, stream, map);
 }
 

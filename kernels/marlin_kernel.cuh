@@ -1009,9 +1009,9 @@ constexpr int kSmemReservePerBlock = 1024;
 constexpr int kSm90Smem = kSm90SmemPerSm / kMaxBlocksPerSm - kSmemReservePerBlock;
 // Stages of `stage` int4 that such a block holds, at most 8 (it also aligns its ring to 1024 bytes).
 constexpr int sm90_stages_fit(int stage) { return std::min((kSm90Smem - 1024) / (stage * 16), 8); }
-// ... and a warp-specialized block, one per SM (1024 bytes more for its ring's barriers).
-constexpr int sm90_ws_stages_fit(int stage) {
-  return std::min((kSm90SmemPerSm - kSmemReservePerBlock - 2048) / (stage * 16), 8);
+// ... and a warp-specialized block, one per SM (1024 bytes more for its ring's barriers), beside `extra` bytes.
+constexpr int sm90_ws_stages_fit(int stage, int extra = 0) {
+  return std::min((kSm90SmemPerSm - kSmemReservePerBlock - 2048 - extra) / (stage * 16), 8);
 }
 
 // The wgmma kernel on sm_90a (marlin_sm90.cu) for m = 9-64: one warpgroup per block, two blocks per SM, R-row chunks
@@ -1043,6 +1043,7 @@ struct Sm90Cfg {
   // layer (perf-log o3)
   static constexpr int STAGES = R == 16 && W == 256 ? 3 : sm90_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
+  static constexpr int C_ROWS = 0;  // whole strips go to C from the registers (store_registers)
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
   static_assert(R == 16 || R == 64, "wgmma's n: 16 or 64");
   static_assert(NS == 2 || NS == 4, "each warp takes half a strip's words or a whole strip");
@@ -1064,6 +1065,7 @@ struct WsBlock {
   // registers per thread after setmaxnreg: each of the SM's four schedulers holds two computing warps and a copying
   // one in its 16K registers (at launch all three get 168)
   static constexpr int COPY_REGS = 40, COMPUTE_REGS = 232;
+  static constexpr int C_ROWS = 0;  // rows of a whole strip staged per round in shared memory (0: none; store_staged)
 };
 template <int R_, int W_>
 struct Sm90WsCfg : WsBlock {
@@ -1079,8 +1081,8 @@ struct Sm90WsCfg : WsBlock {
   static constexpr int STAGES = sm90_ws_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma
-  // The blocks add split strips' parts themselves (own_parts()) on 256-row tiles only: on 128-row ones (and in the
-  // 2:4 kernel) the added code moved ptxas's schedule of the stage loop and cost more than it saved (perf-log f3).
+  // The blocks add split strips' parts themselves (own_parts()) on 256-row tiles only: on 128-row ones the added
+  // code moved ptxas's schedule of the stage loop and cost more than it saved (perf-log f3, s22).
   static constexpr bool OWN_PARTS = R == 256;
   static_assert((R == 128 && (W == 128 || W == 256)) || (R == 256 && W == 128), "128 accumulators at most");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");

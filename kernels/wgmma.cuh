@@ -272,6 +272,56 @@ __device__ __forceinline__ void store_registers(__half* c, int n, int rows, cons
     }
 }
 
+// The barrier of a warp-specialized block's computing threads (named barrier 3).
+template <int THREADS>
+__device__ __forceinline__ void computing_sync() {
+  asm volatile("bar.sync 3, %0;\n" ::"n"(THREADS) : "memory");
+}
+
+// As store_registers, through shared memory (configurations with C::C_ROWS, warp-specialized, whose computing
+// threads all finish a strip together): in rounds of C_ROWS rows of the R x W tile at c (its first row and column),
+// each thread puts its values of the round's rows into the staging area after the ring (x: its first column in the
+// tile; rb: its row block of N rows), and after a barrier the threads store the round to C word by word, a warp's
+// 32 words one 128-byte line. `rows` as in store_registers.
+template <class C, class Cols, int N, int J, class ScaleOf>
+__device__ __forceinline__ void store_staged(__half* c, int n, int rows, int x, int rb, const float (&acc)[J][C::ACC],
+                                             ScaleOf&& scale_of) {
+  extern __shared__ int4 smem[];
+  const uint32_t staging = ((smem_addr(smem) + 1023) & ~1023u) + C::STAGES * C::STAGE * 16;
+  const int tid = threadIdx.x, c2 = 2 * (tid % 4);
+  float sc[J][2];
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sc[j][h] = scale_of(j, h);
+#pragma unroll 1
+  for (int r0 = 0; r0 < C::R && r0 < rows; r0 += C::C_ROWS) {
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = rb * N + 8 * i + c2 + e - r0;  // row in the round
+        if (r < 0 || r >= C::C_ROWS) continue;
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const __half v = __float2half_rn(acc[j][4 * i + 2 * h + e] * sc[j][h]);
+            asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(staging + (r * C::C_PITCH + x + Cols::of(j, h)) * 2),
+                         "h"(__half_as_ushort(v))
+                         : "memory");
+          }
+      }
+    computing_sync<C::THREADS>();
+    const int round_rows = min(C::C_ROWS, rows - r0);
+    for (int q = tid; q < round_rows * (C::W / 2); q += C::THREADS) {
+      const int r = q / (C::W / 2), w = q % (C::W / 2);
+      reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(r0 + r) * n)[w] = lds32(staging + (r * C::C_PITCH + 2 * w) * 2);
+    }
+    computing_sync<C::THREADS>();
+  }
+}
+
 // A later part of a strip (OWN, below) is counted on `flag` once warpgroup tid / 128 has saved it (the barrier orders
 // the warpgroup's stores before one thread's fence, which makes them visible device-wide before the count); the
 // block holding the strip's first part waits for `parts` counts on its flag and returns it to zero.
@@ -335,9 +385,15 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
   }
   if (part == nullptr) {
     const int x0 = Cols::x0(col, t);
-    store_registers<Cols, N>(c_g + x0, p.n, run.m_rows - rb * N, acc, [&](int j, int h) {
+    auto scale_of = [&](int j, int h) {
       return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[Cols::scale(x0 + Cols::of(j, h))]);
-    });
+    };
+    if constexpr (C::C_ROWS > 0) {
+      store_staged<C, Cols, N>(reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(run.chunk) * C::R * p.n + col * C::W,
+                               p.n, run.m_rows, x0 - col * C::W, rb, acc, scale_of);
+    } else {
+      store_registers<Cols, N>(c_g + x0, p.n, run.m_rows - rb * N, acc, scale_of);
+    }
   } else {
     float4* dst = reinterpret_cast<float4*>(part);
 #pragma unroll

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_helpers import kernels_launched, poison, random_operands24, rel_error
+from gpu_helpers import block_slots, kernels_launched, poison, random_operands24, rel_error
 
 from marlin_cli.errors import ShapeError
 from marlin_cli.formats import marlin24
@@ -129,6 +129,31 @@ def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
     assert "Sm90Cfg<256, 64>" in wide
     assert "Sm90Cfg<128, 64>" in narrow and "Sm90Cfg<128, 64>" in odd
     assert "Sm90WsCfg<128>" in tall and "Sm90WsCfg<256>" in tall_wide
+
+
+@pytest.mark.parametrize(
+    "m,k,n,group",
+    [
+        (128, 4096, 22016, 128),  # 128 x 256 tiles, runs of 21 tiles, strips of 32: up to three parts
+        (256, 8192, 8192, -1),  # two 128-row chunks side by side, per-channel scales: two parts per strip
+        (200, 4096, 4096, 32),  # 128 x 128 tiles (a row block per warpgroup), the second chunk 72 rows
+    ],
+    ids=str,
+)
+def test_long_runs_add_their_parts_in_the_kernel(m: int, k: int, n: int, group: int) -> None:
+    """The warp-specialized kernel's blocks add split strips' parts themselves where runs are at least a third of a
+    strip (perf-log s22) and write whole strips to C through shared memory (s21): no add_parts_kernel, outputs
+    within tolerance and bit-identical over repeated launches."""
+    if torch.cuda.get_device_capability() != (9, 0) or block_slots() != 2 * 132:
+        pytest.skip("the partition above is the H200's (132 SMs)")
+    a, b24, meta, s = random_operands24(m, k, n, group, seed=m + n)
+    launched = kernels_launched(lambda: ops.gemm24(a, b24, meta, s))
+    assert "Sm90WsCfg<" in launched and "add_parts_kernel" not in launched, launched
+    first = ops.gemm24(a, b24, meta, s)
+    assert rel_error(first, a.float() @ reference.dequantize24(b24, meta, s)) <= TOL
+    for _ in range(3):
+        poison(m, n)
+        assert torch.equal(ops.gemm24(a, b24, meta, s), first)
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 11008, 4096), (16, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)])
