@@ -84,7 +84,9 @@ struct Sm90Loader {
     // + 32 j within the row) goes to word_major(strip j / 2, w, h, g, t)
     if constexpr (C::WORD_MAJOR) {
 #pragma unroll
-      for (int o = 0; o < 2; ++o) b_word[o] = word_major(0, tid & 3, (tid >> 4) & 1, (tid >> 5) + 4 * o, (tid >> 2) & 3);
+      for (int o = 0; o < 2; ++o) {
+        b_word[o] = word_major(0, tid & 3, (tid >> 4) & 1, (tid >> 5) + 4 * o, (tid >> 2) & 3);
+      }
     }
     m_src = (tid / (C::W / 4)) * (p.n / 4) + tid % (C::W / 4);
     m_dst = (C::A_STAGE + C::B_STAGE + (tid ^ ((tid >> 3) & 3))) * 16;
@@ -206,7 +208,7 @@ struct TileWords {
 // hides behind it (perf-log s15), except in 16-row chunks (measured slower).
 // ptxas does not keep a group's metadata register until the group retires, as it does its fragments: it rewrites it
 // once the wgmma.sp has issued, and the hardware reads it later. Rewrites 20 and 57 instructions after the issue gave
-// wrong outputs, 65 or more never have (perf-log s15, s17; 113 since s19); scripts/check_meta_hazards.py reports a
+// wrong outputs, 65 or more never have (perf-log s15, s17; 100 since s22); scripts/check_meta_hazards.py reports a
 // build's nearest.
 template <class C, bool GROUPED, bool DRAIN, int L, int U>
 __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w, int lg_group,

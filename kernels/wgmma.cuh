@@ -316,7 +316,8 @@ __device__ __forceinline__ void store_staged(__half* c, int n, int rows, int x, 
     const int round_rows = min(C::C_ROWS, rows - r0);
     for (int q = tid; q < round_rows * (C::W / 2); q += C::THREADS) {
       const int r = q / (C::W / 2), w = q % (C::W / 2);
-      reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(r0 + r) * n)[w] = lds32(staging + (r * C::C_PITCH + 2 * w) * 2);
+      const uint32_t v = lds32(staging + (r * C::C_PITCH + 2 * w) * 2);
+      reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(r0 + r) * n)[w] = v;
     }
     computing_sync<C::THREADS>();
   }
@@ -389,8 +390,8 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
       return GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[Cols::scale(x0 + Cols::of(j, h))]);
     };
     if constexpr (C::C_ROWS > 0) {
-      store_staged<C, Cols, N>(reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(run.chunk) * C::R * p.n + col * C::W,
-                               p.n, run.m_rows, x0 - col * C::W, rb, acc, scale_of);
+      __half* const tile = reinterpret_cast<__half*>(p.c) + static_cast<int64_t>(run.chunk) * C::R * p.n + col * C::W;
+      store_staged<C, Cols, N>(tile, p.n, run.m_rows, x0 - col * C::W, rb, acc, scale_of);
     } else {
       store_registers<Cols, N>(c_g + x0, p.n, run.m_rows - rb * N, acc, scale_of);
     }
