@@ -245,6 +245,19 @@ __device__ __forceinline__ void pin(float (&acc)[J][ACC]) {
 #undef MARLIN_WGMMA_D32_LIST
 #undef MARLIN_WGMMA_D128_LIST
 
+// The ring's first byte: the dynamic shared memory rounded up to a 1024-byte swizzle atom, where stages start (every
+// configuration's SMEM holds the room for it).
+__device__ __forceinline__ uint32_t ring_start(const int4* smem) { return (smem_addr(smem) + 1023) & ~1023u; }
+
+// Scales sc[j][h] = scale_of(j, h) of a thread's columns of tile j, read once before its rows are stored.
+template <int J, class ScaleOf>
+__device__ __forceinline__ void column_scales(float (&sc)[J][2], ScaleOf&& scale_of) {
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sc[j][h] = scale_of(j, h);
+}
+
 // An R x (64 J) tile in registers as fp16 into C at c (the tile's first column of this thread's; rows n halves
 // apart): element 4i + e of tile j (this thread) is row 8i + 2(lane % 4) + e % 2 and column Cols::of(j, e / 2) from
 // c, times scale_of(j, e / 2) (1 for grouped scales); rows from `rows` on are skipped. 2-byte stores, one row
@@ -254,10 +267,7 @@ __device__ __forceinline__ void store_registers(__half* c, int n, int rows, cons
                                                 ScaleOf&& scale_of) {
   const int c2 = 2 * (threadIdx.x % 4);
   float sc[J][2];
-#pragma unroll
-  for (int j = 0; j < J; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) sc[j][h] = scale_of(j, h);
+  column_scales(sc, scale_of);
 #pragma unroll
   for (int i = 0; i < R / 8; ++i)
 #pragma unroll
@@ -287,13 +297,10 @@ template <class C, class Cols, int N, int J, class ScaleOf>
 __device__ __forceinline__ void store_staged(__half* c, int n, int rows, int x, int rb, const float (&acc)[J][C::ACC],
                                              ScaleOf&& scale_of) {
   extern __shared__ int4 smem[];
-  const uint32_t staging = ((smem_addr(smem) + 1023) & ~1023u) + C::STAGES * C::STAGE * 16;
+  const uint32_t staging = ring_start(smem + C::STAGES * C::STAGE);  // stages are whole 1024-byte atoms
   const int tid = threadIdx.x, c2 = 2 * (tid % 4);
   float sc[J][2];
-#pragma unroll
-  for (int j = 0; j < J; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) sc[j][h] = scale_of(j, h);
+  column_scales(sc, scale_of);
 #pragma unroll 1
   for (int r0 = 0; r0 < C::R && r0 < rows; r0 += C::C_ROWS) {
 #pragma unroll
@@ -417,7 +424,7 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
 template <class C, class Cols, bool GROUPED, int J, class Load, class Ready, class Compute>
 __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4* smem, float (&acc)[J][C::ACC],
                                           Load&& load, Ready&& ready, Compute&& compute) {
-  const uint32_t ring = (smem_addr(smem) + 1023) & ~1023u;  // stages start on 1024-byte swizzle atoms
+  const uint32_t ring = ring_start(smem);
   auto finish = [&](int col, int seg_begin, int seg_end) {
     wgmma_wait<0>();
     wgmma_finish<C, Cols, GROUPED>(p, run, threadIdx.x, acc, col, seg_begin, seg_end);
@@ -460,7 +467,7 @@ __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, 
   if (!plan_run(p.m, p.n, p.k, C::R, C::W, C::DEPTH, p.blocks_per_chunk, run)) return;
   const int tid = threadIdx.x;
   WsRing r;
-  r.ring = (smem_addr(smem) + 1023) & ~1023u;  // stages start on 1024-byte swizzle atoms
+  r.ring = ring_start(smem);
   r.full0 = smem_addr(full);
   r.empty0 = smem_addr(empty);
   if (tid == 0) {
