@@ -1,6 +1,7 @@
 """A/B of kernel variants in one process on the GPU: the current kernels against copies of `kernels/` with changes.
 
 python3 scripts/ab_kernels.py DIR [DIR ...] [--m 9,16] [--sets 7b,70b] [--shapes 5120x13824,...] [--kind dense|24|both]
+    [--alone]
 
 Each DIR holds a full copy of the kernel sources (`kernels/*.cu *.cuh *.h bindings.cpp`) with the change under test.
 Its sources are copied into the build cache with the op namespace renamed (marlin_cli -> marlin_cli_<DIR name>), all
@@ -67,9 +68,13 @@ def launch(ops_ns: object, kind: str, a: torch.Tensor, weights: tuple, ws: torch
     return ops_ns.gemm(a, *weights, None, ws) if kind == "dense" else ops_ns.gemm24(a, *weights, ws)
 
 
-def launcher(ops_ns: object, kind: str, a: torch.Tensor, copies: list, ws: torch.Tensor) -> Callable[[int], object]:
-    """fn(i): the product with weight copy i, for time_ms."""
-    return lambda i: launch(ops_ns, kind, a, copies[i], ws)
+def launcher(
+    ops_ns: object, kind: str, a: torch.Tensor, copies: list, ws: torch.Tensor, spacer: torch.Tensor | None
+) -> Callable[[int], object]:
+    """fn(i): the product with weight copy i, for time_ms; after spacer.add_ (a tiny unrelated kernel) when given."""
+    if spacer is None:
+        return lambda i: launch(ops_ns, kind, a, copies[i], ws)
+    return lambda i: (spacer.add_(1.0), launch(ops_ns, kind, a, copies[i], ws))
 
 
 def main() -> None:
@@ -81,6 +86,12 @@ def main() -> None:
     parser.add_argument("--kind", choices=("dense", "24", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--reps", type=int, default=15, help="graph replays per measurement")
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="each launch after a tiny unrelated kernel (no early start from the previous product; its time "
+        "subtracted), as the bench's 'alone' column",
+    )
     args = parser.parse_args()
     names = [d.resolve().name for d in args.dirs]
     if len(set(names)) != len(names) or not all(n.isidentifier() for n in names):
@@ -100,6 +111,8 @@ def main() -> None:
     kinds = ["dense", "24"] if args.kind == "both" else [args.kind]
     torch.manual_seed(0)
     ws = ops.workspace(torch.device("cuda"))
+    spacer = torch.zeros(1, device="cuda") if args.alone else None
+    spacer_ms = time_ms(lambda i: spacer.add_(1.0), 1, args.reps) if spacer is not None else 0.0
     times: dict[tuple, list[float]] = {}
     for set_name, shapes in sets.items():
         for k, n in shapes:
@@ -121,7 +134,8 @@ def main() -> None:
                     order = list(builds)
                     for r in range(args.rounds):
                         for name in order if r % 2 == 0 else order[::-1]:
-                            t = time_ms(launcher(builds[name], kind, a, copies, ws), len(copies), args.reps)
+                            fn = launcher(builds[name], kind, a, copies, ws, spacer)
+                            t = time_ms(fn, len(copies), args.reps) - spacer_ms
                             times.setdefault((kind, set_name, k, n, m, name), []).append(t * 1e3)
             del weights
             torch.cuda.empty_cache()
@@ -130,7 +144,8 @@ def main() -> None:
         return sum(times[key]) / len(times[key])
 
     for kind in kinds:
-        print(f"\n{kind}: us, mean of {args.rounds} rounds in alternating order")
+        alone = ", each launch alone" if args.alone else ""
+        print(f"\n{kind}: us, mean of {args.rounds} rounds in alternating order{alone}")
         print(f"{'set':>6} {'K':>6} {'N':>6} {'M':>5} " + " ".join(f"{b:>10}" for b in builds))
         for set_name, shapes in sets.items():
             for m in ms:
