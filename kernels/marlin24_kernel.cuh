@@ -325,24 +325,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
       for (int x = 0; x < 8; ++x) v[x] = detail::met<C::RED_SLICES>(src + red_col(n0 + x), C::RED);
     };
     auto store = [&](int e, const float (&v)[8]) {
-      const int r = e / (C::W / 8);
-      const int n0 = col * C::W + (e % (C::W / 8)) * 8;
-      float f[8];
-#pragma unroll
-      for (int x = 0; x < 8; ++x) f[x] = v[x];
-      if (!GROUPED) {  // per-channel scales are stored in column order
-        const __half2* s2 = reinterpret_cast<const __half2*>(p.s) + n0 / 2;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 sv = __half22float2(s2[i]);
-          f[2 * i] *= sv.x;
-          f[2 * i + 1] *= sv.y;
-        }
-      }
-      __half2 h[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-      c_g[static_cast<int64_t>(r) * (p.n / 8) + n0 / 8] = *reinterpret_cast<int4*>(h);
+      const int r = e / (C::W / 8), n0 = col * C::W + e % (C::W / 8) * 8;
+      c_g[static_cast<int64_t>(r) * (p.n / 8) + n0 / 8] = detail::scaled_row8<GROUPED, false>(v, p.s, n0);
     };
     write_strip<C::THREADS, C::W / 8>(detail::segment_part(p, run, C::R * C::W, col, seg_begin, seg_end), groups8,
                                       m_rows, gather, store);

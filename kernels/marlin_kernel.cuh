@@ -538,6 +538,29 @@ __host__ __device__ __forceinline__ int permuted_scale(int x) {
   return (x & ~31) + 8 * ((r & 7) >> 1) + 2 * (r >> 3) + (r & 1);
 }
 
+// The sums v of columns n0 .. n0 + 7 of a row as 8 fp16 (16 bytes of C), times their per-channel scales s unless
+// GROUPED: stored as permuted_scale says (PERMUTED, dense) or in column order (2:4); either way columns n0 + 2i and
+// n0 + 2i + 1 sit side by side (n0 % 8 == 0).
+template <bool GROUPED, bool PERMUTED>
+__device__ __forceinline__ int4 scaled_row8(const float (&v)[8], const void* s, int n0) {
+  float f[8];
+#pragma unroll
+  for (int x = 0; x < 8; ++x) f[x] = v[x];
+  if (!GROUPED) {
+    const __half2* s2 = reinterpret_cast<const __half2*>(s);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 sv = __half22float2(s2[PERMUTED ? permuted_scale(n0 + 2 * i) / 2 : n0 / 2 + i]);
+      f[2 * i] *= sv.x;
+      f[2 * i + 1] *= sv.y;
+    }
+  }
+  __half2 h[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+  return *reinterpret_cast<int4*>(h);
+}
+
 // How the mma.sync kernels save a part (write_strip): the R x W tile of config C row-major. For add_parts_kernel
 // (which takes a part's 8-row bands) thread t adds float4 t of a band: row t / (W / 4), columns 4 (t % (W / 4)) + e,
 // which it writes to C itself (not STAGED). Per-channel scales are permuted (dense) or in column order (2:4).
@@ -825,25 +848,8 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
     });
     // 2. 8 consecutive columns per thread: 16-byte stores of C.
     auto store = [&](int e, const float (&v)[8]) {
-      const int r = e / (C::W / 8), c8 = e % (C::W / 8);
-      const int n0 = col * C::W + c8 * 8;
-      float f[8];
-#pragma unroll
-      for (int x = 0; x < 8; ++x) f[x] = v[x];
-      if (!GROUPED) {
-        // per-channel scales (permuted_scale): columns n0 + 2i and n0 + 2i + 1 sit side by side
-        const __half2* s2 = reinterpret_cast<const __half2*>(p.s);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 sv = __half22float2(s2[permuted_scale(n0 + 2 * i) / 2]);
-          f[2 * i] *= sv.x;
-          f[2 * i + 1] *= sv.y;
-        }
-      }
-      __half2 h[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-      c_g[static_cast<int64_t>(r) * (p.n / 8) + n0 / 8] = *reinterpret_cast<int4*>(h);
+      const int r = e / (C::W / 8), n0 = col * C::W + e % (C::W / 8) * 8;
+      c_g[static_cast<int64_t>(r) * (p.n / 8) + n0 / 8] = scaled_row8<GROUPED, true>(v, p.s, n0);
     };
     auto gather = [&](int e, float (&v)[8]) {
       const float* src = red + (e / (C::W / 8)) * C::RED_STRIDE + (e % (C::W / 8)) * 8;
