@@ -45,9 +45,9 @@ def _regs(token: str, count: int = 1) -> set[int]:
     return {int(m.group(1)) + i for i in range(count)} if m else set()
 
 
-def stage_loop(instrs: list[tuple[int, str]]) -> list[tuple[int, str]] | None:
-    """The body of the first backward branch around an HGMMA.SP (the stage loop), or None."""
-    first = next((i for i, (_, t) in enumerate(instrs) if t.startswith("HGMMA.SP")), None)
+def stage_loop(instrs: list[tuple[int, str]], op: str = "HGMMA.SP") -> list[tuple[int, str]] | None:
+    """The body of the first backward branch around an instruction starting with `op` (the stage loop), or None."""
+    first = next((i for i, (_, t) in enumerate(instrs) if t.startswith(op)), None)
     if first is None:
         return None
     index = {a: i for i, (a, _) in enumerate(instrs)}
