@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_kernel import SETS, dense_copies, sparse24_copies, time_ms  # noqa: E402
+from bench_kernel import SETS, dense_copies, make_spacer, sparse24_copies, time_alone_ms, time_ms  # noqa: E402
 
 from marlin_cli.kernel import build, ops  # noqa: E402
 
@@ -68,13 +68,9 @@ def launch(ops_ns: object, kind: str, a: torch.Tensor, weights: tuple, ws: torch
     return ops_ns.gemm(a, *weights, None, ws) if kind == "dense" else ops_ns.gemm24(a, *weights, ws)
 
 
-def launcher(
-    ops_ns: object, kind: str, a: torch.Tensor, copies: list, ws: torch.Tensor, spacer: torch.Tensor | None
-) -> Callable[[int], object]:
-    """fn(i): the product with weight copy i, for time_ms; after spacer.add_ (a tiny unrelated kernel) when given."""
-    if spacer is None:
-        return lambda i: launch(ops_ns, kind, a, copies[i], ws)
-    return lambda i: (spacer.add_(1.0), launch(ops_ns, kind, a, copies[i], ws))
+def launcher(ops_ns: object, kind: str, a: torch.Tensor, copies: list, ws: torch.Tensor) -> Callable[[int], object]:
+    """fn(i): the product with weight copy i, for time_ms."""
+    return lambda i: launch(ops_ns, kind, a, copies[i], ws)
 
 
 def main() -> None:
@@ -111,8 +107,7 @@ def main() -> None:
     kinds = ["dense", "24"] if args.kind == "both" else [args.kind]
     torch.manual_seed(0)
     ws = ops.workspace(torch.device("cuda"))
-    spacer = torch.zeros(1, device="cuda") if args.alone else None
-    spacer_ms = time_ms(lambda i: spacer.add_(1.0), 1, args.reps) if spacer is not None else 0.0
+    spacer = make_spacer(args.reps) if args.alone else None
     times: dict[tuple, list[float]] = {}
     for set_name, shapes in sets.items():
         for k, n in shapes:
@@ -134,8 +129,12 @@ def main() -> None:
                     order = list(builds)
                     for r in range(args.rounds):
                         for name in order if r % 2 == 0 else order[::-1]:
-                            fn = launcher(builds[name], kind, a, copies, ws, spacer)
-                            t = time_ms(fn, len(copies), args.reps) - spacer_ms
+                            fn = launcher(builds[name], kind, a, copies, ws)
+                            t = (
+                                time_ms(fn, len(copies), args.reps)
+                                if spacer is None
+                                else time_alone_ms(fn, len(copies), args.reps, spacer)
+                            )
                             times.setdefault((kind, set_name, k, n, m, name), []).append(t * 1e3)
             del weights
             torch.cuda.empty_cache()

@@ -64,6 +64,23 @@ def time_ms(fn, copies: int, reps: int) -> float:
     return statistics.median(times)
 
 
+Spacer = tuple[torch.Tensor, float]
+
+
+def make_spacer(reps: int) -> Spacer:
+    """A one-element tensor whose add_ (a tiny unrelated kernel) goes before each launch in the "alone" timing, and
+    that add's time in ms."""
+    x = torch.zeros(1, device="cuda")
+    return x, time_ms(lambda i: x.add_(1.0), 1, reps)
+
+
+def time_alone_ms(fn, copies: int, reps: int, spacer: Spacer) -> float:
+    """time_ms of fn(i), each launch after the spacer's add (no early start from the previous launch), the add's
+    time subtracted."""
+    x, t = spacer
+    return time_ms(lambda i: (x.add_(1.0), fn(i)), copies, reps) - t
+
+
 def copy_bandwidth() -> float:
     """Bytes read + written per second of a 4 GiB device-to-device copy (fp32 elements, 16-byte vector access).
 
@@ -139,9 +156,9 @@ def tinygemm_weights(k: int, n: int) -> tuple[list[torch.Tensor], torch.Tensor] 
 
 
 def bench_layer(
-    k: int, n: int, ms: list[int], reps: int, bw: float, spacer: tuple[torch.Tensor, float], only_ours: bool = False
+    k: int, n: int, ms: list[int], reps: int, bw: float, spacer: Spacer, only_ours: bool = False
 ) -> list[dict]:
-    """spacer: a one-element tensor whose add_ goes before each launch in the "alone" timing, and that add's time."""
+    """spacer: make_spacer's, for the "alone" timing."""
     dev = "cuda"
     b_bytes = k * n // 2
     s_bytes = (k // GROUP) * n * 2
@@ -157,7 +174,7 @@ def bench_layer(
             float("nan") if only_ours else time_ms(lambda i, a=a: torch.nn.functional.linear(a, ws[i]), copies_h, reps)
         )
         t_ours = time_ms(lambda i, a=a: ops.gemm(a, *dense[i]), len(dense), reps)
-        t_alone = time_ms(lambda i, a=a: (spacer[0].add_(1.0), ops.gemm(a, *dense[i])), len(dense), reps) - spacer[1]
+        t_alone = time_alone_ms(lambda i, a=a: ops.gemm(a, *dense[i]), len(dense), reps, spacer)
         t_24 = time_ms(lambda i, a=a: ops.gemm24(a, *sparse[i]), len(sparse), reps)
         t_tiny = None
         if tiny is not None:
@@ -209,8 +226,7 @@ def main() -> None:
         torch.zeros(8, 128, dtype=torch.int32, device="cuda"),
         torch.ones(1, 64, dtype=torch.float16, device="cuda"),
     )  # build and load before timing
-    x = torch.zeros(1, device="cuda")
-    spacer = (x, time_ms(lambda i: x.add_(1.0), 1, args.reps))
+    spacer = make_spacer(args.reps)
     header = (
         f"{'set':>5} {'K':>6} {'N':>6} {'M':>4} {'cuBLAS us':>9} {'int4mm us':>9} {'ours us':>8} {'alone us':>8} "
         f"{'ideal us':>8} {'speedup':>7} {'%ideal':>6} {'2:4 us':>8} {'/dense':>6} {'/cuBLAS':>7}"
