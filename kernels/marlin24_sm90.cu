@@ -180,7 +180,7 @@ struct TileWords {
   uint32_t a_row;  // the descriptor's offset to this thread's row block in the A panels
   __device__ __forceinline__ explicit TileWords(int tid) {
     const int lane = tid % 32, warp = (TP < C::THREADS ? tid % TP : tid) / 32;
-    a_row = TP < C::THREADS ? tid / TP * N * 128 >> 4 : 0;
+    a_row = TP < C::THREADS ? warp_uniform(tid / TP) * N * 128 >> 4 : 0;
     const int strip = warp_strip<C::NS>(warp), word0 = warp_word0<C::NS>(warp);
     const int g = lane / 4, t = lane % 4;
     if constexpr (C::WORD_MAJOR) {

@@ -111,14 +111,16 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 
-// Barrier of the 128 threads of computing warpgroup wg (named barriers 1 and 2; 0 is __syncthreads). Immediate ids:
-// with a register id ptxas reserves all 16 of the block's barriers.
+// x, which is the same in all lanes of the warp, as ptxas can tell: read from lane 0. Offsets of a warpgroup's
+// wgmma operands computed from the thread index otherwise stay in ordinary registers and are copied into uniform ones
+// at every wgmma (R2UR; perf-log o5).
+__device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
+
+// Barrier of the 128 threads of computing warpgroup wg (named barriers 1 and 2; 0 is __syncthreads). A register id
+// (ptxas then reserves all 16 of the block's barriers): a branch between immediate ids in a strip's end made ptxas
+// keep the stage loop's wgmma operand offsets out of the uniform registers (perf-log o5).
 __device__ __forceinline__ void warpgroup_sync(int wg) {
-  if (wg == 0) {
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
-  } else {
-    asm volatile("bar.sync 2, 128;\n" ::: "memory");
-  }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 
 __device__ __forceinline__ int ld_acquire(const int* p) {
@@ -362,7 +364,7 @@ template <class C, class Cols, bool GROUPED, int J, bool OWN = false>
 __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, int tid, float (&acc)[J][C::ACC], int col,
                                              int seg_begin, int seg_end) {
   constexpr int N = 2 * C::ACC, RB = C::R / N, TP = C::THREADS / RB;  // rows, row blocks, threads per row block
-  const int rb = RB > 1 ? tid / TP : 0, t = RB > 1 ? tid % TP : tid;
+  const int rb = RB > 1 ? warp_uniform(tid / TP) : 0, t = RB > 1 ? tid % TP : tid;
   __half* const c_g = reinterpret_cast<__half*>(p.c) + (static_cast<int64_t>(run.chunk) * C::R + rb * N) * p.n;
   float* part = segment_part(p, run, C::R * C::W, col, seg_begin, seg_end);
   auto at = [&](int j, int v) { return (j * C::R / 8 + rb * N / 8 + v) * TP + t; };  // float4 of a part

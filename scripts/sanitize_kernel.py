@@ -40,6 +40,8 @@ CASES = [  # m, k, n, group, act_order
     (64, 512, 16384, 128, False),  # 64 x 256 tiles
     (100, 384, 384, 128, True),  # warp-specialized kernel from here: 128 x 128 tiles
     (128, 2048, 128, 64, False),  # one strip in 8 parts
+    (100, 2048, 5760, -1, False),  # 128 x 128 tiles on runs long enough to add their parts in the kernel
+    (128, 4096, 22016, 128, False),  # ... 128 x 256 tiles
     (128, 1024, 8192, 32, False),  # 128 x 256 tiles, two scale rows per stage, split strips
     (200, 512, 512, -1, True),  # 256 x 128 tiles, per-channel scales
     (300, 1024, 256, 128, False),  # two 256-row chunks, strips in parts

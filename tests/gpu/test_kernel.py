@@ -257,7 +257,7 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
 
 def test_split_strips_are_added_by_a_second_kernel() -> None:
     """Every kernel saves the parts of column strips that several blocks' runs share, and add_parts_kernel adds them
-    after the launch (perf-log a1, q1), unless the runs are long enough for the 256-row warp-specialized tiles to add
+    after the launch (perf-log a1, q1), unless the runs are long enough for the warp-specialized tiles to add
     them themselves (test_long_runs_add_their_parts_in_the_kernel); when every run holds whole strips only the GEMM
     runs. Split: one strip in parts (dense m = 1 on the mma.sync kernel, m = 16 on the wgmma kernel, m = 128 and 256
     on the warp-specialized one, 2:4 m = 16 on the wgmma.sp kernel); whole: k = 128 (one or two tiles per strip) over
@@ -275,23 +275,25 @@ def test_split_strips_are_added_by_a_second_kernel() -> None:
 
 
 @pytest.mark.parametrize(
-    "m,k,n,group",
+    "m,k,n,group,tile",
     [
-        (256, 4096, 22016, 128),  # runs of 84 tiles, strips of 64: two parts per strip
-        (256, 4096, 12288, -1),  # runs of 47: three parts
-        (200, 8192, 8192, 32),  # runs of 63, strips of 128: up to four parts
-        (300, 1024, 12288, 32),  # two 256-row chunks side by side (the second one 44 rows), 66 blocks each
+        (256, 4096, 22016, 128, "Sm90WsCfg<256, 128>"),  # runs of 84 tiles, strips of 64: two parts per strip
+        (256, 4096, 12288, -1, "Sm90WsCfg<256, 128>"),  # runs of 47: three parts
+        (200, 8192, 8192, 32, "Sm90WsCfg<256, 128>"),  # runs of 63, strips of 128: up to four parts
+        (300, 1024, 12288, 32, "Sm90WsCfg<256, 128>"),  # two 256-row chunks side by side (the second 44 rows)
+        (128, 4096, 22016, 128, "Sm90WsCfg<128, 256>"),  # runs of 42 tiles, strips of 64: up to three parts
+        (100, 2048, 5760, -1, "Sm90WsCfg<128, 128>"),  # runs of 11, strips of 32: up to four parts, rows past m
     ],
     ids=str,
 )
-def test_long_runs_add_their_parts_in_the_kernel(m: int, k: int, n: int, group: int) -> None:
-    """The 256-row warp-specialized tiles add split strips' parts in the kernel where runs are at least a third of a
-    strip (perf-log f3): no add_parts_kernel, outputs within tolerance, bit-identical over repeated launches (each
+def test_long_runs_add_their_parts_in_the_kernel(m: int, k: int, n: int, group: int, tile: str) -> None:
+    """The warp-specialized tiles add split strips' parts in the kernel where runs are at least a third of a strip
+    (perf-log f3, o6): no add_parts_kernel, outputs within tolerance, bit-identical over repeated launches (each
     launch returns the blocks' counters to zero for the next)."""
     if torch.cuda.get_device_capability() != (9, 0) or block_slots() != 2 * 132:
         pytest.skip("the partition above is the H200's (132 SMs)")
     launched = _kernels_launched(m, k, n, group)
-    assert "Sm90WsCfg<256, 128>" in launched and "add_parts_kernel" not in launched, launched
+    assert tile in launched and "add_parts_kernel" not in launched, launched
     a, b, s = random_operands(m, k, n, group, seed=m + n)
     first = ops.gemm(a, b, s)
     assert rel_error(first, a.float() @ dequantize_gpu(b, s)) <= TOL
