@@ -24,7 +24,7 @@
 // narrow for 256-column tiles it takes 128 x 128 ones: both computing warpgroups on the one strip, each on its row
 // block of 64 rows (two m64n64k32 per k32 row). Its blocks write whole strips to C through shared memory
 // (store_staged: this column map's 2-byte stores from the registers put each value in a sector of its own) and add
-// split strips' parts themselves where runs are long (own_parts), as the dense 256-row tiles do (perf-log s21, s22).
+// split strips' parts themselves where runs are long (own_parts), as the dense ones do (perf-log s21, s22).
 //
 // Everything else is the dense wgmma kernels': the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.

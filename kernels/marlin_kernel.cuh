@@ -13,8 +13,8 @@
 // - A block's run covers a whole column strip (written straight to C) or part of one. A part is saved as an fp32
 //   tile in the workspace, and when a launch leaves strips split the host launches add_parts_kernel after it, which
 //   adds each strip's parts in block order (fixed, so the output is bit-reproducible) and writes C. No block of the
-//   GEMM waits for another, or fences and counts its part (perf-log q1), except on the wgmma kernel's 256-row tiles
-//   where runs are long (own_parts(): one block adds the strip's parts, in the same order; perf-log f3).
+//   GEMM waits for another, or fences and counts its part (perf-log q1), except on the warp-specialized tiles where
+//   runs are long (own_parts(): one block adds the strip's parts, in the same order; perf-log f3, o6).
 // - m is handled in chunks of 8, 16, 32, 48 or 64 rows; several chunks run side by side as groups of blocks, and each
 //   group re-reads the weights, mostly from L2 since the groups walk the same tiles at the same time.
 // - Inside a block: 8 warps = NS column warps (64 columns each) x NK k warps; the k warps of a strip split every
