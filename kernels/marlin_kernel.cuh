@@ -1021,11 +1021,11 @@ constexpr int sm90_ws_stages_fit(int stage, int extra = 0) {
 }
 
 // The wgmma kernel on sm_90a (marlin_sm90.cu) for m = 9-64: one warpgroup per block, two blocks per SM, R-row chunks
-// (wgmma's n) by W-column tiles, 64-deep stages (128 for 16-row chunks: perf-log o2). 64 x 256 tiles hold 128 fp32
-// accumulators per thread, 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column tiles to fill the
-// GPU (sm90_tile). 16-row chunks (OFFSET) hold 8 accumulators per wgmma: there the weights enter wgmma still offset
-// (1024 + q, 64 + q: no subtract and no fp16 scaling per weight) and each stage's fp32 sums are corrected and scaled
-// once, as the mma.sync kernel's 8-row chunks do (perf-log o1).
+// (wgmma's n) by W-column tiles, 64-deep stages (128 for 16- and 32-row chunks: perf-log o2). 64 x 256 tiles hold 128
+// fp32 accumulators per thread, 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column tiles to fill
+// the GPU (sm90_tile). 16- and 32-row chunks (OFFSET) hold 8 or 16 accumulators per wgmma: there the weights enter
+// wgmma still offset (1024 + q, 64 + q: no subtract and no fp16 scaling per weight) and each stage's fp32 sums are
+// corrected and scaled once, as the mma.sync kernel's 8-row chunks do (perf-log o1, o7).
 template <int R_, int W_ = 256>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
@@ -1033,11 +1033,11 @@ struct Sm90Cfg {
   static constexpr int W = W_;
   static constexpr int STRIPS = W / 64;  // 64-column strips of the tile
   static constexpr int NS = STRIPS;      // of the warpgroup; also its wgmma (packed words) per warp and k16 tile
-  // k16 tiles per stage: one 128-byte swizzle row of A per row, two for 16-row chunks (their per-stage work, the
+  // k16 tiles per stage: one 128-byte swizzle row of A per row, two for OFFSET chunks (their per-stage work, the
   // correction above included, then serves twice the weights)
-  static constexpr int KT = R == 16 ? 8 : 4;
+  static constexpr int KT = R <= 32 ? 8 : 4;
   static constexpr int DEPTH = 16 * KT;  // k per tile
-  static constexpr bool OFFSET = R == 16;  // offset weights, fp32 scaling per stage (above)
+  static constexpr bool OFFSET = R <= 32;  // offset weights, fp32 scaling per stage (above)
   static constexpr int A_CHUNKS = 2 * KT;
   static constexpr bool A_PANELS = true;  // the A tile as 64-deep swizzle panels (StageLoader)
   static constexpr int A_STAGE = R * A_CHUNKS;
@@ -1051,7 +1051,7 @@ struct Sm90Cfg {
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int C_ROWS = 0;  // whole strips go to C from the registers (store_registers)
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
-  static_assert(R == 16 || R == 64, "wgmma's n: 16 or 64");
+  static_assert(R == 16 || R == 32 || R == 64, "wgmma's n: 16, 32 or 64");
   static_assert(NS == 2 || NS == 4, "each warp takes half a strip's words or a whole strip");
   static_assert(A_CHUNKS % 8 == 0, "the A tile must be whole 128-byte swizzle panels: 64 fp16 per row");
   static_assert(STAGES >= 3 && SMEM <= kSm90Smem, "a ring of at least 3 stages, two blocks per SM");
@@ -1097,15 +1097,16 @@ struct Sm90WsCfg : WsBlock {
 
 // The wgmma kernel's tile for m > 8 rows and n columns (m <= 8 takes the mma.sync kernel's transposed 8-row chunks,
 // faster there: perf-log o1): 16-row chunks for m <= 16 (not with groups smaller than their 128-deep stage, which
-// would need the fp32 scaling more than once per stage: the mma.sync kernel takes those); 64-row chunks up to
-// m = 64; the warp-specialized kernel's 128-row chunks up to m = 128 and 256-row chunks by 128 columns above.
-// Chunks of 16, 64 and 128 rows take 256 columns, or 128 where 256-column strips in at most 8 parts each would leave
+// would need the fp32 scaling more than once per stage: the mma.sync kernel takes those); 32-row chunks for
+// m <= 32 (those groups: 64-row chunks; o7); 64-row chunks up to m = 64 (two 32-row chunks side by side lost, o7);
+// the warp-specialized kernel's 128-row chunks up to m = 128 and 256-row chunks by 128 columns above.
+// Chunks of 16 to 128 rows take 256 columns, or 128 where 256-column strips in at most 8 parts each would leave
 // more than a quarter of the device's `slots` (two per SM) empty (7B layers with n = 4096 fill half of them).
 // cols = 0: no wgmma tile fits.
 struct Sm90Tile {
   int rows, cols;
 };
-// The width of 16-, 64- and 128-row chunks' tiles on n columns; also the 2:4 wgmma.sp kernel's.
+// The width of 16- to 128-row chunks' tiles on n columns; also the 2:4 wgmma.sp kernel's.
 inline int sm90_cols64(int n, int slots) {
   if (n % 256 == 0 && 4 * (n / 256 * 8) >= 3 * slots) return 256;
   return n % 128 == 0 ? 128 : 0;
@@ -1113,6 +1114,7 @@ inline int sm90_cols64(int n, int slots) {
 inline Sm90Tile sm90_tile(int m, int n, int slots, bool small_groups) {
   if (m <= 8) return {8, 0};
   if (m <= 16) return {16, small_groups ? 0 : sm90_cols64(n, slots)};
+  if (m <= 32 && !small_groups) return {32, sm90_cols64(n, slots)};
   if (m > 128) return {256, n % 128 == 0 ? 128 : 0};
   if (m > 64) return {128, sm90_cols64(n, slots)};
   return {64, sm90_cols64(n, slots)};
@@ -1125,10 +1127,11 @@ bool has_wgmma(int device);
 // Blocks per SM of the wgmma kernels on `rows`-row chunks: two of one warpgroup, or one warp-specialized block.
 inline int sm90_blocks_per_sm(int rows) { return rows >= 128 ? 1 : kMaxBlocksPerSm; }
 // Blocks per chunk for the wgmma kernels on `rows`-row chunks: every block slot, shared by `par` chunks. Chunks of
-// 64 rows and more take at most 8 parts per column strip: a 64-row tile's fp32 partial is 64 KB (128 KB from 128
+// 32 rows and more take at most 8 parts per column strip: a 64-row tile's fp32 partial is 64 KB (128 KB from 128
 // rows), as much as 8 64 x 256 tiles of dense weights, written and read back (4096 x 4096 at m = 64, when one block
-// added the parts: 33.5 -> 21.5 us; perf-log). A 16-row partial is one or two tiles of weights, as in the mma.sync
-// kernels, which take every slot (a cap of 8 parts there: the 7B set at m = 16 +3%, perf-log o1).
+// added the parts: 33.5 -> 21.5 us; perf-log; 32-row chunks on every slot: 70B m = 17-32 +3-5%, o7). A 16-row
+// partial is one or two tiles of weights, as in the mma.sync kernels, which take every slot (a cap of 8 parts there:
+// the 7B set at m = 16 +3%, perf-log o1).
 inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles, int rows) {
   constexpr int kParts = 8;
   const int all = sms * sm90_blocks_per_sm(rows) / par;

@@ -278,6 +278,9 @@ cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int
     case 16:
       return tile.cols == 256 ? launch_rows<Sm90Cfg<16>>(grouped, p, grid, device, stream)
                               : launch_rows<Sm90Cfg<16, 128>>(grouped, p, grid, device, stream);
+    case 32:
+      return tile.cols == 256 ? launch_rows<Sm90Cfg<32>>(grouped, p, grid, device, stream)
+                              : launch_rows<Sm90Cfg<32, 128>>(grouped, p, grid, device, stream);
     case 64:
       return tile.cols == 256 ? launch_rows<Sm90Cfg<64>>(grouped, p, grid, device, stream)
                               : launch_rows<Sm90Cfg<64, 128>>(grouped, p, grid, device, stream);

@@ -134,6 +134,9 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 
 #define MARLIN_WGMMA_D8_OF(X) \
   "+f"(X[0]), "+f"(X[1]), "+f"(X[2]), "+f"(X[3]), "+f"(X[4]), "+f"(X[5]), "+f"(X[6]), "+f"(X[7])
+#define MARLIN_WGMMA_D16_OF(X)                                                                                      \
+  "+f"(X[0]), "+f"(X[1]), "+f"(X[2]), "+f"(X[3]), "+f"(X[4]), "+f"(X[5]), "+f"(X[6]), "+f"(X[7]), "+f"(X[8]),       \
+      "+f"(X[9]), "+f"(X[10]), "+f"(X[11]), "+f"(X[12]), "+f"(X[13]), "+f"(X[14]), "+f"(X[15])
 #define MARLIN_WGMMA_D32_OF(X)                                                                                      \
   "+f"(X[0]), "+f"(X[1]), "+f"(X[2]), "+f"(X[3]), "+f"(X[4]), "+f"(X[5]), "+f"(X[6]), "+f"(X[7]), "+f"(X[8]),       \
       "+f"(X[9]), "+f"(X[10]), "+f"(X[11]), "+f"(X[12]), "+f"(X[13]), "+f"(X[14]), "+f"(X[15]), "+f"(X[16]),        \
@@ -157,13 +160,18 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
   "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
 // d (64 x N, fp32) = a (64 x 16 from registers) @ tile (16 x N from shared memory, K-major) + d (ADD) or + 0,
-// N = 16, 64, 128 or 256.
+// N = 16, 32, 64, 128 or 256.
 template <int N, bool ADD = true>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
   if constexpr (N == 16) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
                  "{%8, %9, %10, %11}, %12, %13, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D8_OF(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ADD ? 1 : 0));
+  } else if constexpr (N == 32) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+                 "%11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, %21, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D16_OF(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ADD ? 1 : 0));
   } else if constexpr (N == 64) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MARLIN_WGMMA_D32_LIST
@@ -180,7 +188,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (
                  : MARLIN_WGMMA_D32_OF(q0), MARLIN_WGMMA_D32_OF(q1), MARLIN_WGMMA_D32_OF(q2), MARLIN_WGMMA_D32_OF(q3)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ADD ? 1 : 0));
   } else {
-    static_assert(N == 128, "n16, n64, n128 or n256");
+    static_assert(N == 128, "n16, n32, n64, n128 or n256");
     float* const lo = d;
     float* const hi = d + 32;
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " MARLIN_WGMMA_D64_LIST

@@ -33,7 +33,9 @@ CASES = [  # m, k, n, group, act_order
     (16, 4096, 1024, 128, False),  # ... split k
     (13, 512, 16384, 128, False),  # wgmma kernel, 16 x 256 tiles
     (17, 512, 192, -1, True),
-    (20, 1024, 512, 32, False),  # wgmma kernel from 17 rows: one 64-row chunk, 20 rows real
+    (24, 2048, 512, 128, False),  # wgmma kernel, 32-row chunks, 32 x 128 tiles, split k
+    (32, 512, 16384, -1, True),  # ... 32 x 256 tiles, per-channel scales
+    (20, 1024, 512, 32, False),  # groups of 32 from 17 rows: one 64-row chunk, 20 rows real
     (33, 1024, 512, 32, False),
     (64, 256, 1024, 64, False),  # wgmma kernel, 64 x 128 tiles (too few 256-column strips to fill the GPU)
     (64, 2048, 256, 128, False),  # two strips in 8 parts each

@@ -3,10 +3,10 @@
 Tolerance: mean|C - C_ref| / mean|C_ref| <= 2e-3. The kernel rounds each dequantized, scaled weight to fp16
 (relative error <= 2^-11), accumulates fp16 products in fp32 in its own order, and rounds C to fp16 (<= 2^-11);
 independent rounding errors average to a few 1e-4 of the output's magnitude, so 2e-3 leaves room while a wrong
-tile, scale or row shows up as an error of order 1. Chunks of 8 rows (m <= 8), and on the H200 those of 16 rows
-(m = 9-16), instead sum the products of still-offset weights (1024 + q, 64 + q) in fp32 over 16-128 k and subtract
-the offsets' product there, which costs ~10 of fp32's 24 bits (relative ~1e-4 at worst), and scale the fp32 sums;
-test_offset_cancellation is the hard case for that.
+tile, scale or row shows up as an error of order 1. Chunks of 8 rows (m <= 8), and on the H200 those of 16 and 32
+rows (m = 9-32, groups of 128 or per channel), instead sum the products of still-offset weights (1024 + q, 64 + q)
+in fp32 over 16-128 k and subtract the offsets' product there, which costs ~10 of fp32's 24 bits (relative ~1e-4 at
+worst), and scale the fp32 sums; test_offset_cancellation is the hard case for that.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_m_sweep(m: int, k: int, n: int) -> None:
 
 
 @pytest.mark.parametrize("k,n", ALL_SHAPES, ids=str)
-@pytest.mark.parametrize("m", [1, 16, 64, 256])
+@pytest.mark.parametrize("m", [1, 16, 32, 64, 256])
 def test_all_shapes(m: int, k: int, n: int) -> None:
     _check(m, k, n, 128, seed=k + n + m)
 
@@ -106,12 +106,13 @@ def test_act_order(m: int, group: int) -> None:
 
 @pytest.mark.parametrize("n", [1024, 1088])
 @pytest.mark.parametrize("group", [-1, 128])
-@pytest.mark.parametrize("m", [1, 8, 16])
+@pytest.mark.parametrize("m", [1, 8, 16, 32])
 def test_offset_cancellation(m: int, group: int, n: int) -> None:
     """Activations far from zero mean (32 + N(0, 1), all positive): the fp32 sums of offset weights times
     activations are then largest against the result, the worst case for the cancellation: 8-row chunks (m <= 8) and
-    on the H200 the wgmma kernel's 16-row chunks (m = 16, n = 1024); n = 1088 (not a multiple of 128) runs m = 16 on
-    the mma.sync kernel's m16 path, which scales fp16 weights, for comparison. The reference is float64."""
+    on the H200 the wgmma kernel's 16- and 32-row chunks (m = 16, 32, n = 1024); n = 1088 (not a multiple of 128)
+    runs both on the mma.sync kernel, which scales fp16 weights at those heights, for comparison. The reference is
+    float64."""
     a, b, s = random_operands(m, 4096, n, group, seed=17)
     a = (a.float() + 32).half()
     ref = (a.double() @ dequantize_gpu(b, s).double()).float()
@@ -220,9 +221,9 @@ def _kernels_launched(m: int, k: int, n: int, group: int = 128) -> str:
 def test_hopper_runs_the_wgmma_kernel() -> None:
     """On compute capability 9.0 the build targets 9.0a and the wgmma kernel runs from m = 9 (m <= 8: the mma.sync
     kernel's 8-row chunks): 16-row chunks up to m = 16 (not with groups below 128: the mma.sync kernel; perf-log o1),
-    64-row chunks up to m = 64 and the warp-specialized kernel's 128-row chunks up to m = 128, each by 256 columns
-    where 256-column strips fill most of the GPU and by 128 where not (n % 128 == 0), 256 x 128 tiles above m = 128
-    (perf-log w8)."""
+    32-row chunks up to m = 32 (groups below 128: 64-row chunks; o7), 64-row chunks up to m = 64 and the
+    warp-specialized kernel's 128-row chunks up to m = 128, each by 256 columns where 256-column strips fill most of
+    the GPU and by 128 where not (n % 128 == 0), 256 x 128 tiles above m = 128 (perf-log w8)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs compute capability 9.0")
     eight, nine, sixteen_wide, sixteen_odd, sixteen_g32, sixteen_g64 = (
@@ -236,8 +237,16 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
     assert "Sm90Cfg<16, 128>" in nine and "Sm90Cfg<16, 256>" in sixteen_wide
     for launched in (eight, sixteen_odd, sixteen_g32, sixteen_g64):
         assert "gemm_kernel<" in launched and "gemm_sm90_kernel" not in launched
-    least, wide, narrow, odd, tall, tall_wide, tall_narrow, taller, too_narrow = (
+    least, most_wide, least_g32, least_g64 = (
         _kernels_launched(17, 256, 512),
+        _kernels_launched(32, 256, 16384),
+        _kernels_launched(17, 256, 512, group=32),
+        _kernels_launched(32, 256, 512, group=64),
+    )
+    assert "Sm90Cfg<32, 128>" in least and "Sm90Cfg<32, 256>" in most_wide
+    assert "Sm90Cfg<64, 128>" in least_g32 and "Sm90Cfg<64, 128>" in least_g64
+    least, wide, narrow, odd, tall, tall_wide, tall_narrow, taller, too_narrow = (
+        _kernels_launched(33, 256, 512),
         _kernels_launched(64, 256, 16384),  # 64 strips of 256 columns x 8 parts: every block slot
         _kernels_launched(64, 256, 512),
         _kernels_launched(64, 256, 384),
@@ -247,7 +256,7 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
         _kernels_launched(129, 256, 16384),
         _kernels_launched(65, 256, 192),
     )
-    assert "Sm90Cfg<64, 128>" in least  # 64-row chunks from 17 rows on (perf-log a3)
+    assert "Sm90Cfg<64, 128>" in least  # 64-row chunks from 33 rows on (perf-log a3, o7)
     assert "Sm90Cfg<64, 256>" in wide
     assert "Sm90Cfg<64, 128>" in narrow and "Sm90Cfg<64, 128>" in odd
     assert "Sm90WsCfg<128, 128>" in tall and "Sm90WsCfg<128, 128>" in tall_narrow
