@@ -352,6 +352,10 @@ cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int g
     return cols == 256 ? launch_cols<Sm90Cfg<256, 16>>(grouped, p, grid, device, stream)
                        : launch_cols<Sm90Cfg<128, 16>>(grouped, p, grid, device, stream);
   }
+  if (rows == 32) {
+    return cols == 256 ? launch_cols<Sm90Cfg<256, 32>>(grouped, p, grid, device, stream)
+                       : launch_cols<Sm90Cfg<128, 32>>(grouped, p, grid, device, stream);
+  }
   return cols == 256 ? launch_cols<Sm90Cfg<256>>(grouped, p, grid, device, stream)
                      : launch_cols<Sm90Cfg<128>>(grouped, p, grid, device, stream);
 }

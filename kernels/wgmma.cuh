@@ -209,13 +209,18 @@ __device__ __forceinline__ void wgmma_sp_m64k32(float (&d)[N / 2], const uint32_
                  "{%8, %9, %10, %11}, %12, %13, %14, 1, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D8_OF(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
+  } else if constexpr (N == 32) {
+    asm volatile("wgmma.mma_async.sp.sync.aligned.m64n32k32.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+                 "%10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, %21, %22, 1, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D16_OF(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
   } else if constexpr (N == 64) {
     asm volatile("wgmma.mma_async.sp.sync.aligned.m64n64k32.f32.f16.f16 " MARLIN_WGMMA_D32_LIST
                  ", {%32, %33, %34, %35}, %36, %37, %38, 1, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D32_OF(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
   } else {
-    static_assert(N == 128, "n16, n64 or n128");
+    static_assert(N == 128, "n16, n32, n64 or n128");
     float* const lo = d;
     float* const hi = d + 32;
     asm volatile("wgmma.mma_async.sp.sync.aligned.m64n128k32.f32.f16.f16 " MARLIN_WGMMA_D64_LIST

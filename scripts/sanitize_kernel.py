@@ -56,8 +56,9 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (16, 2048, 256, 32),  # wgmma.sp kernel, 16 x 128 tiles, 128-deep stages, split k
     (12, 1024, 16384, 32),  # 16 x 256 tiles, 256-deep stages: two passes of scale rows
     (9, 2048, 512, -1),  # per-channel scales
-    (24, 512, 384, 128),  # wgmma.sp kernel from 17 rows
-    (33, 512, 384, 128),
+    (24, 512, 384, 128),  # wgmma.sp kernel, 32-row chunks from 17 rows
+    (32, 2048, 16384, -1),  # ... 32 x 256 tiles, per-channel scales
+    (33, 512, 384, 128),  # 64-row chunks from 33 rows
     (64, 2048, 512, 128),  # wgmma.sp kernel, 64 x 128 tiles: four strips in 8 parts each
     (100, 512, 256, -1),  # warp-specialized 128 x 128 tiles (a row block per warpgroup), per-channel scales
     (300, 1024, 512, 32),  # three 128-row chunks, the last one's second row block empty, strips in parts

@@ -25,7 +25,7 @@ from marlin_cli.kernel import build, ops, reference
 pytestmark = pytest.mark.gpu
 
 TOL = 2e-3  # see the module docstring
-M_ALL = (1, 7, 9, 16, 17, 64, 100, 128, 256, 1024)
+M_ALL = (1, 7, 9, 16, 17, 32, 33, 64, 100, 128, 256, 1024)
 LLAMA2_7B = ((4096, 12288), (4096, 4096), (4096, 22016), (11008, 4096))
 LLAMA3_70B = ((8192, 10240), (28672, 8192))
 MINILM = ((384, 384), (384, 1536), (1536, 384))
@@ -104,18 +104,20 @@ def _kernels_launched(m: int, n: int, k: int = 256) -> str:
 
 
 def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
-    """On compute capability 9.0, m > 16 runs on the wgmma.sp kernel: 64-row chunks by 256 columns where 256-column
-    strips fill most of the GPU, else by 128, and above m = 64 the warp-specialized kernel's 128 x 256 tiles where
-    256 columns fill the GPU (perf-log w8), else 128 x 128 ones (each computing warpgroup on 64 of the rows, perf-log
-    s12); m = 9-16 on its 16-row chunks by the same widths (perf-log s10), also on layers with long runs; m <= 8 on
-    the mma.sp kernel."""
+    """On compute capability 9.0, m > 16 runs on the wgmma.sp kernel: 32-row chunks up to m = 32 (perf-log o7) and
+    64-row ones up to m = 64, by 256 columns where 256-column strips fill most of the GPU, else by 128, and above
+    m = 64 the warp-specialized kernel's 128 x 256 tiles where 256 columns fill the GPU (perf-log w8), else 128 x 128
+    ones (each computing warpgroup on 64 of the rows, perf-log s12); m = 9-16 on its 16-row chunks by the same widths
+    (perf-log s10), also on layers with long runs; m <= 8 on the mma.sp kernel."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
-    eight, short16, long16, least, wide, narrow, odd, tall, tall_wide = (
+    eight, short16, long16, least, most_wide, least64, wide, narrow, odd, tall, tall_wide = (
         _kernels_launched(8, 512),
         _kernels_launched(9, 512),
         _kernels_launched(16, 8192, k=28672),  # 32 strips x 448 tiles: more than 32 per block slot
         _kernels_launched(17, 512),
+        _kernels_launched(32, 16384),
+        _kernels_launched(33, 512),
         _kernels_launched(64, 16384),  # 64 strips of 256 columns x 8 parts: every block slot
         _kernels_launched(64, 512),
         _kernels_launched(64, 384),
@@ -125,7 +127,8 @@ def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
     assert "gemm24_kernel<" in eight and "gemm24_sm90_kernel" not in eight
     assert "Sm90Cfg<128, 16>" in short16
     assert "Sm90Cfg<256, 16>" in long16
-    assert "Sm90Cfg<128, 64>" in least
+    assert "Sm90Cfg<128, 32>" in least and "Sm90Cfg<256, 32>" in most_wide
+    assert "Sm90Cfg<128, 64>" in least64
     assert "Sm90Cfg<256, 64>" in wide
     assert "Sm90Cfg<128, 64>" in narrow and "Sm90Cfg<128, 64>" in odd
     assert "Sm90WsCfg<128>" in tall and "Sm90WsCfg<256>" in tall_wide
