@@ -404,8 +404,6 @@ struct Sm90WsCfg : detail::WsBlock {
   static constexpr int C_STAGING = (C_ROWS * C_PITCH * 2 + 127) / 128 * 128;  // bytes, after the ring
   static constexpr int STAGES = detail::sm90_ws_stages_fit(STAGE, C_STAGING);
   static constexpr int SMEM = STAGES * STAGE * 16 + C_STAGING + 1024;
-  // The blocks add split strips' parts themselves where runs are long (own_parts(); perf-log s22).
-  static constexpr bool OWN_PARTS = true;
   static constexpr int ACC = R / 2 / (CONSUMERS / STRIPS);  // accumulators per thread per wgmma: its rows x 64 / 128
   static_assert(W == 128 || W == 256, "one strip for both computing warpgroups, or one each");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");

@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     }
     cp_async_wait<0>();
   };
-  ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS, C::OWN_PARTS>(p, 128 + 1, copy, [&](int tid) {
+  ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 128 + 1, copy, [&](int tid) {
     const TileWords<C> w(tid);
     return [&p, w](uint32_t st, float (&acc)[2 * C::NS][C::ACC]) {
       compute_stage<C, GROUPED, false, 2>(st, w, p.lg_group, acc);  // two groups in flight (perf-log s17, s18)
@@ -339,7 +339,7 @@ template <class C>
 cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
   CUtensorMap map = {};
   if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
-  return launch_gemm<RegisterParts<C, SparseCols<C>, 2 * C::NS>, C::OWN_PARTS, gemm24_sm90_ws_kernel<C, true>,
+  return launch_gemm<RegisterParts<C, SparseCols<C>, 2 * C::NS>, true, gemm24_sm90_ws_kernel<C, true>,
                      gemm24_sm90_ws_kernel<C, false>>(grouped, p, grid, C::BLOCK_THREADS, C::SMEM, device, stream, map);
 }
 

@@ -1087,9 +1087,6 @@ struct Sm90WsCfg : WsBlock {
   static constexpr int STAGES = sm90_ws_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma
-  // The blocks add split strips' parts themselves (own_parts()). On 128-row tiles that lost twice (perf-log f3, s22)
-  // while the strip's end held a branch between named barriers, which put R2UR into the stage loop (o5).
-  static constexpr bool OWN_PARTS = true;
   static_assert((R == 128 && (W == 128 || W == 256)) || (R == 256 && W == 128), "128 accumulators at most");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");
   static_assert(R * W <= kMaxBlocksPerSm * kMaxTileElems, "one block per SM: its partial tile takes two blocks' slots");

@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
       }
     }
   };
-  ws_kernel<C, DenseCols<C>, GROUPED, C::NS, C::OWN_PARTS>(p, 1, copy, [&](int tid) {
+  ws_kernel<C, DenseCols<C>, GROUPED, C::NS>(p, 1, copy, [&](int tid) {
     const WarpWords<C> w(tid);
     return [&p, w](uint32_t st, float (&acc)[C::NS][C::ACC]) {
       compute_scaled<C, GROUPED, false>(st, w, p.lg_group, acc);
@@ -268,7 +268,7 @@ template <class C>
 cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
   CUtensorMap map = {};
   if (const cudaError_t err = a_tensor_map(p, C::R, &map); err != cudaSuccess) return err;
-  return launch_gemm<RegisterParts<C, DenseCols<C>, C::NS>, C::OWN_PARTS, gemm_sm90_ws_kernel<C, true>,
+  return launch_gemm<RegisterParts<C, DenseCols<C>, C::NS>, true, gemm_sm90_ws_kernel<C, true>,
                      gemm_sm90_ws_kernel<C, false>>(grouped, p, grid, C::BLOCK_THREADS, C::SMEM, device, stream, map);
 }
 

@@ -473,8 +473,10 @@ struct RingPos {
 // runs on every thread of the copying warpgroup, after it has given registers back; on the computing threads
 // compute_for(tid) makes the per-stage function compute(st, acc), which retires all but at most its last wgmma group.
 // Per tile of the run they wait for its stage, compute it, release the previous one's slot, and wgmma_finish at the
-// end of each column strip the run reaches (OWN: adding split strips' parts there when the host set p.flags).
-template <class C, class Cols, bool GROUPED, int J, bool OWN = false, class Copy, class ComputeFor>
+// end of each column strip the run reaches, adding split strips' parts there when the host set p.flags (own_parts();
+// perf-log f3, s22; on the dense 128-row tiles only since o6: before, the strip's end held a branch between named
+// barriers, which put R2UR into the stage loop, o5).
+template <class C, class Cols, bool GROUPED, int J, class Copy, class ComputeFor>
 __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, Copy&& copy, ComputeFor&& compute_for) {
   extern __shared__ int4 smem[];
   __shared__ alignas(8) uint64_t full[C::STAGES], empty[C::STAGES];
@@ -530,7 +532,7 @@ __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, 
     }
     wgmma_wait<0>();
     mbar_arrive(r.empty0 + 8 * held);
-    wgmma_finish<C, Cols, GROUPED, J, OWN>(p, run, tid, acc, col, seg_begin, seg_end);
+    wgmma_finish<C, Cols, GROUPED, J, true>(p, run, tid, acc, col, seg_begin, seg_end);
     seg_begin = seg_end;
   }
 }
