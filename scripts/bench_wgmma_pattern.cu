@@ -55,7 +55,7 @@ template <int N, int J, int WAIT, bool STAGE, bool DEQUANT, bool SPARSE>
 __global__ void __launch_bounds__(128, 2) pattern(float* out, int iters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem[];
-  const uint32_t tile = (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + 1023) & ~1023u;
+  const uint32_t tile = marlin_cli::detail::ring_start(reinterpret_cast<const int4*>(smem));
   for (int i = threadIdx.x; i < kTileBytes / 4; i += blockDim.x) {  // small random-looking fp16 values
     reinterpret_cast<uint32_t*>(smem)[i] = 0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu);
   }
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(128 * WGS + 32, 2 / WGS)
   constexpr int kNear = PER * NEAR, kFar = PER * FAR, kSlot = kNear + kFar;
   static_assert(NEAR % 16 == 0 && FAR % 16 == 0 && kSlot <= kMaxSlot && 4 % PER == 0, "whole 16-byte units");
   extern __shared__ unsigned char smem[];
-  const uint32_t shift = ((smem_addr(smem) + 1023) & ~1023u) - smem_addr(smem);
+  const uint32_t shift = ring_start(reinterpret_cast<const int4*>(smem)) - smem_addr(smem);
   const uint32_t tile = smem_addr(smem) + shift, bufs = tile + kTileBytes;
   const uint32_t full = bufs + kBufs * kMaxSlot, empty = full + 8 * kBufs;
   for (int i = threadIdx.x; i < kTileBytes / 4; i += blockDim.x) {
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(128 * WGS, 2 / WGS)
   using C = Stair<R, WGS>;
   constexpr int J = C::J;
   extern __shared__ int4 ring_smem[];
-  const uint32_t ring = (smem_addr(ring_smem) + 1023) & ~1023u;
+  const uint32_t ring = ring_start(ring_smem);
   uint32_t* const ring_words = reinterpret_cast<uint32_t*>(ring_smem) + (ring - smem_addr(ring_smem)) / 4;
   for (int i = threadIdx.x; i < C::STAGES * C::STAGE * 4; i += blockDim.x) ring_words[i] = random_word(i);
   __syncthreads();

@@ -71,9 +71,7 @@ def main() -> int:
     print(f"{head}   {head if len(builds) > 1 else ''}  kernel")
     for name, row in sorted(builds[0].items()):
         cells = [row] + [b.get(name) for b in builds[1:]]
-        text = "   ".join(
-            "    -      -     -      -" if c is None else "{:4d}  {:5d}  {:4d}  {:5d}".format(*c) for c in cells
-        )
+        text = "   ".join("    -      -     -      -" if c is None else _ROW.format(*c) for c in cells)
         print(f"{text}  {name}")
     return 0
 
