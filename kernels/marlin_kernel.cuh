@@ -1033,11 +1033,11 @@ struct Sm90Cfg {
   static constexpr int W = W_;
   static constexpr int STRIPS = W / 64;  // 64-column strips of the tile
   static constexpr int NS = STRIPS;      // of the warpgroup; also its wgmma (packed words) per warp and k16 tile
+  static constexpr bool OFFSET = R <= 32;  // offset weights, fp32 scaling per stage (above)
   // k16 tiles per stage: one 128-byte swizzle row of A per row, two for OFFSET chunks (their per-stage work, the
   // correction above included, then serves twice the weights)
-  static constexpr int KT = R <= 32 ? 8 : 4;
+  static constexpr int KT = OFFSET ? 8 : 4;
   static constexpr int DEPTH = 16 * KT;  // k per tile
-  static constexpr bool OFFSET = R <= 32;  // offset weights, fp32 scaling per stage (above)
   static constexpr int A_CHUNKS = 2 * KT;
   static constexpr bool A_PANELS = true;  // the A tile as 64-deep swizzle panels (StageLoader)
   static constexpr int A_STAGE = R * A_CHUNKS;
