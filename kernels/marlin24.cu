@@ -101,20 +101,21 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   Params p;
   p.meta = static_cast<const int4*>(g.meta);
   // On an sm_90a build and a Hopper GPU the wgmma.sp kernel, by 256 columns or, on layers too narrow for those to
-  // fill the GPU, 128 (the dense kernel's rule for its 64-row chunks): 64-row chunks for m = 33-64, 32-row ones for
-  // m = 17-32 (half the 64-row chunks' tensor work, 128-deep stages: 7B / 70B -29%, perf-log o7; the 64-row ones had
-  // beaten the mma.sp kernel's 32-row chunks there, 7B m = 32 105.5 -> ~87 us, a3), 16-row chunks with 128-deep
-  // stages for m = 9-16 (faster than the mma.sp kernel's on every layer measured: s10); above m = 64 the
-  // warp-specialized kernel's 128-row chunks, one block per SM (perf-log w8, s12).
-  const int slots = g.sms * kMaxBlocksPerSm;
-  const int cols = detail::sm90_cols64(g.n, slots);
+  // fill the GPU, 128 (the dense kernel's rule, sm90_cols64): 16-row chunks with 128-deep stages for m = 9-16
+  // (faster than the mma.sp kernel's on every layer measured: s10), 32-row ones for m = 17-32 (half the 64-row
+  // chunks' tensor work: 7B / 70B -29%, perf-log o7), 64-row ones for m = 33-64 and 128-row ones above. The 64-row
+  // chunks by 256 columns and the 128-row ones run on the warp-specialized kernel, one block per SM (perf-log w8,
+  // s12, w10; the 64-row chunks' width counts those slots, so n = 4096 takes 256 columns there); narrower 64-row
+  // chunks on the one-warpgroup kernel, two blocks per SM.
+  const int rows = g.m > 64 ? 128 : g.m > 32 ? 64 : g.m > 16 ? 32 : g.m > 8 ? 16 : 0;
+  const int cols = detail::sm90_cols64(g.n, rows == 64 ? g.sms : g.sms * kMaxBlocksPerSm);
+  const bool ws = rows == 128 || (rows == 64 && cols == 256);
   const int n_cols = cols > 0 ? g.n / cols : 0;
   const int k_tiles = g.k / Sm90Cfg<256>::DEPTH;
-  const int rows = g.m > 64 ? 128 : g.m > 32 ? 64 : g.m > 16 ? 32 : g.m > 8 ? 16 : 0;
   if (rows > 0 && cols > 0 && detail::has_wgmma(g.device)) {
     return detail::run_chunk_groups(p, g, g.a, lg_group, rows, [&](int par) {
-      const int per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, k_tiles, rows);
-      const int grid = detail::size_grid(p, par, per_chunk, g.sms * detail::sm90_blocks_per_sm(rows));
+      const int per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, k_tiles, rows, ws);
+      const int grid = detail::size_grid(p, par, per_chunk, g.sms * detail::sm90_blocks_per_sm(ws));
       return launch_sm90(rows, cols, grouped, p, grid, g.device, stream);
     });
   }

@@ -10,21 +10,23 @@
 // The layout makes this free, as in the mma.sp kernel: lane (g, t) of a warp reading the 16-byte chunks 8g + t and
 // 8g + 4 + t of a 128-column strip's packed k32 row holds, in word j of each, rows g and g + 8 of the 16 x 16 kept
 // values of tile (j, p) (p = 0, 1: the low and high nibble pairs), and the metadata word j serves both tiles through
-// the two sparsity selectors. A warpgroup instruction takes 16 rows from each warp. With 64 x 256 tiles warp
-// w = 2s + h takes strip s of the block's two and tiles j = 2h, 2h + 1 of it (the 8-byte half h of each chunk):
-// four m64n64k32 per k32 row cover the block's 256 columns. With 64 x 128 tiles (layers too narrow for 256-column
-// tiles to fill the GPU, as the dense kernel's) warp w takes word j = w of the one strip's chunks, and two
-// m64n64k32 cover its 128 columns. Tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of its strip.
-// 16-row chunks (m = 9-16) take m64n16k32 the same way, with 128-deep stages (the A tile two 64-deep swizzle
-// panels).
+// the two sparsity selectors. A warpgroup instruction takes 16 rows from each warp. In the one-warpgroup kernel's
+// R x 256 tiles warp w = 2s + h takes strip s of the block's two and tiles j = 2h, 2h + 1 of it (the 8-byte half h
+// of each chunk): four m64nRk32 per k32 row cover the block's 256 columns. With R x 128 tiles (layers too narrow for
+// 256-column tiles to fill the GPU, as the dense kernel's) warp w takes word j = w of the one strip's chunks, and
+// two m64nRk32 cover its 128 columns. Tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of its
+// strip. Stages are 64 deep for R = 64 (m = 33-64, 128 columns only), 128 for R = 32 (m = 17-32) and 128 or, at 256
+// columns, 256 for R = 16 (m = 9-16: perf-log s10, s11), the A tile in 64-deep swizzle panels.
 //
 // Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes 128 x 256 tiles: two computing warpgroups,
 // one strip each (warp w its word w % 4, two m64n128k32 per k32 row), and a copying warpgroup: the A tile by tensor
-// copies, as the dense one does above m = 64 (marlin_sm90.cu), the rest by Sm90Loader's cp.async. On layers too
+// copies, as the dense one does above m = 32 (marlin_sm90.cu), the rest by Sm90Loader's cp.async. On layers too
 // narrow for 256-column tiles it takes 128 x 128 ones: both computing warpgroups on the one strip, each on its row
-// block of 64 rows (two m64n64k32 per k32 row). Its blocks write whole strips to C through shared memory
-// (store_staged: this column map's 2-byte stores from the registers put each value in a sector of its own) and add
-// split strips' parts themselves where runs are long (own_parts), as the dense ones do (perf-log s21, s22).
+// block of 64 rows (two m64n64k32 per k32 row). At m = 33-64 it takes 64 x 256 tiles (two m64n64k32 per warpgroup
+// and k32 row), where the one-warpgroup kernel keeps only the 64 x 128 ones (perf-log w10). Its blocks write whole
+// strips to C through shared memory (store_staged: this column map's 2-byte stores from the registers put each value
+// in a sector of its own) and add split strips' parts themselves where runs are long (own_parts), as the dense ones
+// do (perf-log s21, s22).
 //
 // Everything else is the dense wgmma kernels': the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
@@ -345,9 +347,10 @@ cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaS
 
 cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
   if (rows == 128) {
-    return cols == 256 ? launch_ws<Sm90WsCfg<256>>(grouped, p, grid, device, stream)
-                       : launch_ws<Sm90WsCfg<128>>(grouped, p, grid, device, stream);
+    return cols == 256 ? launch_ws<Sm90WsCfg<256, 128>>(grouped, p, grid, device, stream)
+                       : launch_ws<Sm90WsCfg<128, 128>>(grouped, p, grid, device, stream);
   }
+  if (rows == 64 && cols == 256) return launch_ws<Sm90WsCfg<256, 64>>(grouped, p, grid, device, stream);
   if (rows == 16) {
     return cols == 256 ? launch_cols<Sm90Cfg<256, 16>>(grouped, p, grid, device, stream)
                        : launch_cols<Sm90Cfg<128, 16>>(grouped, p, grid, device, stream);
@@ -356,8 +359,7 @@ cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int g
     return cols == 256 ? launch_cols<Sm90Cfg<256, 32>>(grouped, p, grid, device, stream)
                        : launch_cols<Sm90Cfg<128, 32>>(grouped, p, grid, device, stream);
   }
-  return cols == 256 ? launch_cols<Sm90Cfg<256>>(grouped, p, grid, device, stream)
-                     : launch_cols<Sm90Cfg<128>>(grouped, p, grid, device, stream);
+  return launch_cols<Sm90Cfg<128>>(grouped, p, grid, device, stream);
 }
 
 }  // namespace sparse24

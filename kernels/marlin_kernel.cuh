@@ -1020,12 +1020,13 @@ constexpr int sm90_ws_stages_fit(int stage, int extra = 0) {
   return std::min((kSm90SmemPerSm - kSmemReservePerBlock - 2048 - extra) / (stage * 16), 8);
 }
 
-// The wgmma kernel on sm_90a (marlin_sm90.cu) for m = 9-64: one warpgroup per block, two blocks per SM, R-row chunks
-// (wgmma's n) by W-column tiles, 64-deep stages (128 for 16- and 32-row chunks: perf-log o2). 64 x 256 tiles hold 128
-// fp32 accumulators per thread, 64 x 128 tiles (64 accumulators) serve layers too narrow for 256-column tiles to fill
-// the GPU (sm90_tile). 16- and 32-row chunks (OFFSET) hold 8 or 16 accumulators per wgmma: there the weights enter
-// wgmma still offset (1024 + q, 64 + q: no subtract and no fp16 scaling per weight) and each stage's fp32 sums are
-// corrected and scaled once, as the mma.sync kernel's 8-row chunks do (perf-log o1, o7).
+// The wgmma kernel on sm_90a (marlin_sm90.cu) for m = 9-32: one warpgroup per block, two blocks per SM, R-row chunks
+// (wgmma's n) by W-column tiles (W = 128 serves layers too narrow for 256-column tiles to fill the GPU: sm90_tile),
+// 128-deep stages (perf-log o2). 16- and 32-row chunks (OFFSET) hold 8 or 16 accumulators per wgmma: the weights
+// enter wgmma still offset (1024 + q, 64 + q: no subtract and no fp16 scaling per weight) and each stage's fp32 sums
+// are corrected and scaled once, as the mma.sync kernel's 8-row chunks do (perf-log o1, o7). 64-row chunks run on
+// the warp-specialized kernel (Sm90WsCfg, w10); Sm90Cfg<64> (64-deep stages, fp16-scaled weights, 128 accumulators
+// per thread at 64 x 256) remains the shape scripts/bench_wgmma_pattern.cu measures the stage loop on.
 template <int R_, int W_ = 256>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
@@ -1058,11 +1059,12 @@ struct Sm90Cfg {
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 
-// The warp-specialized wgmma kernel for m > 64 (marlin_sm90.cu): R-row chunks (128, or 256 for m > 128) by W columns
-// (256 or 128 for 128-row chunks, 128 for 256-row ones), one block per SM of two computing warpgroups (W / 2 columns
-// each: two m64n128k16 per k16 tile at 128 x 256, one m64n128k16 at 128 x 128, one m64n256k16 at 256 x 128) and one
-// warpgroup of which one thread issues the stages' copies: the A tile by a tensor copy, weights and scales by bulk
-// copies, each ring slot's arrival and release counted on mbarriers, no block barrier in the loop (perf-log w8).
+// The warp-specialized wgmma kernel for m > 32 (marlin_sm90.cu): R-row chunks (64 up to m = 64, 128 up to m = 128,
+// 256 above) by W columns (256 or 128 for 64- and 128-row chunks, 128 for 256-row ones), one block per SM of two
+// computing warpgroups (W / 2 columns each, per k16 tile: two m64n128k16 at 128 x 256, one m64n128k16 at 128 x 128,
+// one m64n256k16 at 256 x 128, two m64n64k16 at 64 x 256, one at 64 x 128) and one warpgroup of which one thread
+// issues the stages' copies: the A tile by a tensor copy, weights and scales by bulk copies, each ring slot's arrival
+// and release counted on mbarriers, no block barrier in the loop (perf-log w8, w10).
 // The block of both warp-specialized kernels (dense and 2:4, ws_kernel in wgmma.cuh).
 struct WsBlock {
   static constexpr int CONSUMERS = 2;                  // computing warpgroups
@@ -1087,7 +1089,8 @@ struct Sm90WsCfg : WsBlock {
   static constexpr int STAGES = sm90_ws_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma
-  static_assert((R == 128 && (W == 128 || W == 256)) || (R == 256 && W == 128), "128 accumulators at most");
+  static_assert(((R == 64 || R == 128) && (W == 128 || W == 256)) || (R == 256 && W == 128),
+                "64 or 128 rows by 128 or 256 columns, or 256 x 128: 128 accumulators at most");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");
   static_assert(R * W <= kMaxBlocksPerSm * kMaxTileElems, "one block per SM: its partial tile takes two blocks' slots");
 };
@@ -1095,10 +1098,12 @@ struct Sm90WsCfg : WsBlock {
 // The wgmma kernel's tile for m > 8 rows and n columns (m <= 8 takes the mma.sync kernel's transposed 8-row chunks,
 // faster there: perf-log o1): 16-row chunks for m <= 16 (not with groups smaller than their 128-deep stage, which
 // would need the fp32 scaling more than once per stage: the mma.sync kernel takes those); 32-row chunks for
-// m <= 32 (those groups: 64-row chunks; o7); 64-row chunks up to m = 64 (two 32-row chunks side by side lost, o7);
-// the warp-specialized kernel's 128-row chunks up to m = 128 and 256-row chunks by 128 columns above.
+// m <= 32 (those groups: 64-row chunks; o7); above, the warp-specialized kernel's 64-row chunks up to m = 64 (two
+// 32-row chunks side by side lost, o7; the one-warpgroup kernel's 64-row chunks were 5-10% slower, w10), 128-row
+// chunks up to m = 128 and 256-row chunks by 128 columns above.
 // Chunks of 16 to 128 rows take 256 columns, or 128 where 256-column strips in at most 8 parts each would leave
-// more than a quarter of the device's `slots` (two per SM) empty (7B layers with n = 4096 fill half of them).
+// more than a quarter of the device's `slots` (two per SM) empty (7B layers with n = 4096 fill half of them); the
+// 64-row chunks count one slot per SM, their warp-specialized block's (n = 4096 takes 256 columns: perf-log w10).
 // cols = 0: no wgmma tile fits.
 struct Sm90Tile {
   int rows, cols;
@@ -1114,24 +1119,27 @@ inline Sm90Tile sm90_tile(int m, int n, int slots, bool small_groups) {
   if (m <= 32 && !small_groups) return {32, sm90_cols64(n, slots)};
   if (m > 128) return {256, n % 128 == 0 ? 128 : 0};
   if (m > 64) return {128, sm90_cols64(n, slots)};
-  return {64, sm90_cols64(n, slots)};
+  return {64, sm90_cols64(n, slots / kMaxBlocksPerSm)};
 }
 cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,
                         cudaStream_t stream);
 // Whether the wgmma kernels can run: built for sm_90a (MARLIN_SM90A) and the device is compute capability 9.0.
 bool has_wgmma(int device);
 
-// Blocks per SM of the wgmma kernels on `rows`-row chunks: two of one warpgroup, or one warp-specialized block.
-inline int sm90_blocks_per_sm(int rows) { return rows >= 128 ? 1 : kMaxBlocksPerSm; }
+// Whether the dense wgmma kernel's `rows`-row chunks run on the warp-specialized block (from 64 rows: perf-log w8,
+// w10).
+inline bool sm90_ws(int rows) { return rows >= 64; }
+// Blocks per SM of the wgmma kernels: two of one warpgroup, or one warp-specialized block (`ws`).
+inline int sm90_blocks_per_sm(bool ws) { return ws ? 1 : kMaxBlocksPerSm; }
 // Blocks per chunk for the wgmma kernels on `rows`-row chunks: every block slot, shared by `par` chunks. Chunks of
 // 32 rows and more take at most 8 parts per column strip: a 64-row tile's fp32 partial is 64 KB (128 KB from 128
 // rows), as much as 8 64 x 256 tiles of dense weights, written and read back (4096 x 4096 at m = 64, when one block
 // added the parts: 33.5 -> 21.5 us; perf-log; 32-row chunks on every slot: 70B m = 17-32 +3-5%, o7). A 16-row
 // partial is one or two tiles of weights, as in the mma.sync kernels, which take every slot (a cap of 8 parts there:
 // the 7B set at m = 16 +3%, perf-log o1).
-inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles, int rows) {
+inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles, int rows, bool ws) {
   constexpr int kParts = 8;
-  const int all = sms * sm90_blocks_per_sm(rows) / par;
+  const int all = sms * sm90_blocks_per_sm(ws) / par;
   if (rows <= 16) return all;
   const int min_iters = (k_tiles + kParts - 1) / kParts;
   const int capped = (n_cols * k_tiles + min_iters - 1) / min_iters;

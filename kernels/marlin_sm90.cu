@@ -10,21 +10,22 @@
 // fragment, and a wgmma's 64 rows may be any columns. Warp w of a warpgroup with NS strips takes strip w NS / 4 and
 // NS of its lanes' 4 words (warp_strip, warp_word0) and feeds word j to the j-th wgmma, whose 64 rows are then
 // columns {sub-tiles 2j, 2j + 1 of each warp's strip and words}:
-// - 64 x 256 tiles (m = 17-64): warp w reads its own 16 bytes of strip w, four m64n64k16 per k16 tile;
-// - 64 x 128 (m = 17-64 on layers too narrow for 256 columns to fill the GPU): warps 2s and 2s + 1 share strip s,
-//   each taking 8 of its lanes' 16 bytes, two m64n64k16;
-// - m > 64, the warp-specialized kernel: two warpgroups, each on half of the tile's strips as above: 128 x 256 tiles
-//   two m64n128k16 per warpgroup and k16 tile, 128 x 128 one, 256 x 128 (m > 128) one m64n256k16. Each dequantized
-//   weight serves 128 or 256 rows, so the dequantization per product is a half or a quarter of the 64-row chunks'
-//   (perf-log w4, w8).
+// - 32 x 256 tiles (m = 17-32): warp w reads its own 16 bytes of strip w, four m64n32k16 per k16 tile;
+// - 32 x 128 (m = 17-32 on layers too narrow for 256 columns to fill the GPU): warps 2s and 2s + 1 share strip s,
+//   each taking 8 of its lanes' 16 bytes, two m64n32k16;
+// - m > 32, the warp-specialized kernel: two warpgroups, each on half of the tile's strips as above: 64 x 256 tiles
+//   two m64n64k16 per warpgroup and k16 tile, 64 x 128 one, 128 x 256 two m64n128k16, 128 x 128 one, 256 x 128
+//   (m > 128) one m64n256k16. Each dequantized weight serves 64, 128 or 256 rows (perf-log w4, w8, w10).
 // In all the accumulators map back to columns when C is written.
 //
-// With 16-row chunks (m = 9-16: m64n16k16, 8 accumulators per wgmma) the weights enter wgmma still offset, as the
-// mma.sync kernel's 8-row chunks do: no subtract and no fp16 scaling per weight (5 instead of 13 instructions per
-// packed word), one more wgmma of a constant tile per k16 tile for the offsets' product, and each stage's fp32 sums
-// corrected and scaled once (compute_offset). Their stages are 128 deep, the A tile two 64-deep swizzle panels.
+// In the one-warpgroup kernel's 16- and 32-row chunks (m = 9-32: m64n16k16 / m64n32k16, 8 / 16 accumulators per
+// wgmma) the weights enter wgmma still offset, as the mma.sync kernel's 8-row chunks do: no subtract and no fp16
+// scaling per weight (5 instead of 13 instructions per packed word), one more wgmma of a constant tile per k16 tile
+// for the offsets' product, and each stage's fp32 sums corrected and scaled once (compute_offset). Their stages are
+// 128 deep, the A tile two 64-deep swizzle panels. The warp-specialized kernel scales each weight in fp16
+// (compute_scaled).
 //
-// Up to m = 64 a block is one warpgroup that copies its stages itself (StageLoader, 16-byte cp.async) around a block
+// Up to m = 32 a block is one warpgroup that copies its stages itself (StageLoader, 16-byte cp.async) around a block
 // barrier per stage, the sm_80 kernel's ring loop; two blocks share an SM. Above, a block is two computing
 // warpgroups and one thread that only copies: per stage one tensor copy (TMA) of the A tile, landing in the 128-byte
 // swizzle wgmma reads with rows past m as zeros, and one bulk copy per k16 row of weights and per scale row, all
@@ -71,9 +72,9 @@ struct WarpWords {
 // One stage at st with scaled weights (dequant_scaled) into acc: per k16 tile q, the NS words (and scales) of this
 // warp dequantized into NS register fragments and NS wgmma of 64 x R. Each tile's words are read before the wait for
 // the previous tile's wgmma, so the shared-memory latency hides behind it; within the stage only the previous tile's
-// wgmma is waited for (their fragment registers are reused next). At its end all (DRAIN: ptxas may move accumulators
-// at a ring loop's back edge), or the last tile's group stays in flight for ws_kernel to retire.
-template <class C, bool GROUPED, bool DRAIN, int J>
+// wgmma is waited for (their fragment registers are reused next). At its end the last tile's group stays in flight
+// for ws_kernel to retire (perf-log w9).
+template <class C, bool GROUPED, int J>
 __device__ __forceinline__ void compute_scaled(uint32_t st, const WarpWords<C>& w, int lg_group,
                                                float (&acc)[J][C::ACC]) {
   auto lds_tile = [&](int q, uint32_t (&bw)[J], uint32_t (&sw)[J]) {
@@ -99,7 +100,7 @@ __device__ __forceinline__ void compute_scaled(uint32_t st, const WarpWords<C>& 
     for (int j = 0; j < J; ++j) wgmma_m64k16<C::R>(acc[j], a[j], a_panel_desc(st, C::R, q));
     wgmma_commit();
     if (q + 1 < C::KT) lds_tile(q + 1, bw, sw);
-    wgmma_wait_tile<C::KT, DRAIN>(q);
+    wgmma_wait_tile<C::KT, false>(q);
   }
 }
 #endif
@@ -107,6 +108,7 @@ __device__ __forceinline__ void compute_scaled(uint32_t st, const WarpWords<C>& 
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(C::OFFSET, "16- and 32-row chunks; from 64 rows the warp-specialized kernel");
   constexpr int J = C::NS;  // wgmma per k16 tile, and packed words per lane per k16 tile
   extern __shared__ int4 smem[];
 
@@ -174,15 +176,7 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p
       for (int e = 0; e < C::ACC; ++e) acc[j][e] += (e % 4 < 2 ? sv.x : sv.y) * (raw[j][e] + base[e]);
     }
   };
-  auto compute_stage = [&](uint32_t st) {
-    if constexpr (C::OFFSET) {
-      compute_offset(st);
-    } else {
-      compute_scaled<C, GROUPED, true>(st, w, p.lg_group, acc);
-    }
-  };
-
-  wgmma_run<C, DenseCols<C>, GROUPED>(p, run, smem, acc, load, ready, compute_stage);
+  wgmma_run<C, DenseCols<C>, GROUPED>(p, run, smem, acc, load, ready, compute_offset);
 #endif
 }
 
@@ -229,7 +223,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
   ws_kernel<C, DenseCols<C>, GROUPED, C::NS>(p, 1, copy, [&](int tid) {
     const WarpWords<C> w(tid);
     return [&p, w](uint32_t st, float (&acc)[C::NS][C::ACC]) {
-      compute_scaled<C, GROUPED, false>(st, w, p.lg_group, acc);
+      compute_scaled<C, GROUPED>(st, w, p.lg_group, acc);
     };
   });
 #endif
@@ -282,8 +276,8 @@ cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int
       return tile.cols == 256 ? launch_rows<Sm90Cfg<32>>(grouped, p, grid, device, stream)
                               : launch_rows<Sm90Cfg<32, 128>>(grouped, p, grid, device, stream);
     case 64:
-      return tile.cols == 256 ? launch_rows<Sm90Cfg<64>>(grouped, p, grid, device, stream)
-                              : launch_rows<Sm90Cfg<64, 128>>(grouped, p, grid, device, stream);
+      return tile.cols == 256 ? launch_ws<Sm90WsCfg<64, 256>>(grouped, p, grid, device, stream)
+                              : launch_ws<Sm90WsCfg<64, 128>>(grouped, p, grid, device, stream);
     case 128:
       return tile.cols == 256 ? launch_ws<Sm90WsCfg<128, 256>>(grouped, p, grid, device, stream)
                               : launch_ws<Sm90WsCfg<128, 128>>(grouped, p, grid, device, stream);

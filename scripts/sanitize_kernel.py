@@ -35,12 +35,14 @@ CASES = [  # m, k, n, group, act_order
     (17, 512, 192, -1, True),
     (24, 2048, 512, 128, False),  # wgmma kernel, 32-row chunks, 32 x 128 tiles, split k
     (32, 512, 16384, -1, True),  # ... 32 x 256 tiles, per-channel scales
-    (20, 1024, 512, 32, False),  # groups of 32 from 17 rows: one 64-row chunk, 20 rows real
+    (20, 1024, 512, 32, False),  # groups of 32 from 17 rows: one 64-row chunk (warp-specialized kernel), 20 rows real
     (33, 1024, 512, 32, False),
-    (64, 256, 1024, 64, False),  # wgmma kernel, 64 x 128 tiles (too few 256-column strips to fill the GPU)
+    (64, 256, 1024, 64, False),  # warp-specialized kernel from 33 rows: 64 x 128 tiles (too few 256-column strips)
     (64, 2048, 256, 128, False),  # two strips in 8 parts each
     (64, 512, 16384, 128, False),  # 64 x 256 tiles
-    (100, 384, 384, 128, True),  # warp-specialized kernel from here: 128 x 128 tiles
+    (48, 2048, 5760, -1, False),  # 64 x 128 tiles on runs long enough to add their parts in the kernel
+    (64, 4096, 22016, 128, False),  # ... 64 x 256 tiles
+    (100, 384, 384, 128, True),  # 128 x 128 tiles
     (128, 2048, 128, 64, False),  # one strip in 8 parts
     (100, 2048, 5760, -1, False),  # 128 x 128 tiles on runs long enough to add their parts in the kernel
     (128, 4096, 22016, 128, False),  # ... 128 x 256 tiles
@@ -62,8 +64,10 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (64, 2048, 512, 128),  # wgmma.sp kernel, 64 x 128 tiles: four strips in 8 parts each
     (100, 512, 256, -1),  # warp-specialized 128 x 128 tiles (a row block per warpgroup), per-channel scales
     (300, 1024, 512, 32),  # three 128-row chunks, the last one's second row block empty, strips in parts
-    (64, 512, 16384, 32),  # 64 x 256 tiles
-    (100, 512, 16384, 32),  # warp-specialized wgmma.sp kernel, 128 x 256 tiles, two scale rows per stage
+    (64, 512, 16384, 32),  # warp-specialized wgmma.sp kernel, 64 x 256 tiles, two scale rows per stage
+    (48, 4096, 4096, 32),  # ... 64 x 256 tiles on n = 4096 (the one-block-per-SM width rule), strips in parts
+    (64, 4096, 22016, 128),  # ... 64 x 256 tiles whose blocks add their strips' parts
+    (100, 512, 16384, 32),  # 128 x 256 tiles, two scale rows per stage
     (256, 1024, 8192, -1),  # two 128-row chunks, per-channel scales, strips in parts
     (128, 4096, 22016, 128),  # 128 x 256 tiles whose blocks add their strips' parts, C through shared memory
     (200, 4096, 4096, 32),  # ... 128 x 128 tiles, two chunks side by side (the second 72 rows)

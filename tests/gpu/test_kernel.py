@@ -121,7 +121,9 @@ def test_large_m() -> None:
     _check(16384 + 13, 1024, 512, 128, seed=11)
 
 
-@pytest.mark.parametrize("m,k,n", [(16, 4096, 4096), (1, 11008, 4096), (100, 8192, 1024), (256, 28672, 8192)])
+@pytest.mark.parametrize(
+    "m,k,n", [(16, 4096, 4096), (1, 11008, 4096), (48, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)]
+)
 def test_repeatable(m: int, k: int, n: int) -> None:
     """Partial sums are added in a fixed order, so repeated launches give bit-identical outputs."""
     a, b, s = random_operands(m, k, n, 128, seed=5)
@@ -215,9 +217,10 @@ def _kernels_launched(m: int, k: int, n: int, group: int = 128) -> str:
 def test_hopper_runs_the_wgmma_kernel() -> None:
     """On compute capability 9.0 the build targets 9.0a and the wgmma kernel runs from m = 9 (m <= 8: the mma.sync
     kernel's 8-row chunks): 16-row chunks up to m = 16 (not with groups below 128: the mma.sync kernel; perf-log o1),
-    32-row chunks up to m = 32 (groups below 128: 64-row chunks; o7), 64-row chunks up to m = 64 and the
-    warp-specialized kernel's 128-row chunks up to m = 128, each by 256 columns where 256-column strips fill most of
-    the GPU and by 128 where not (n % 128 == 0), 256 x 128 tiles above m = 128 (perf-log w8)."""
+    32-row chunks up to m = 32 (groups below 128: 64-row chunks; o7), then the warp-specialized kernel's 64-row
+    chunks up to m = 64 (w10) and 128-row chunks up to m = 128, each by 256 columns where 256-column strips fill most
+    of the GPU's block slots (two per SM; one per SM for the 64-row chunks, so n = 4096 takes 256 columns there) and
+    by 128 where not (n % 128 == 0), 256 x 128 tiles above m = 128 (perf-log w8)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs compute capability 9.0")
     eight, nine, sixteen_wide, sixteen_odd, sixteen_g32, sixteen_g64 = (
@@ -238,10 +241,11 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
         _kernels_launched(32, 256, 512, group=64),
     )
     assert "Sm90Cfg<32, 128>" in least and "Sm90Cfg<32, 256>" in most_wide
-    assert "Sm90Cfg<64, 128>" in least_g32 and "Sm90Cfg<64, 128>" in least_g64
-    least, wide, narrow, odd, tall, tall_wide, tall_narrow, taller, too_narrow = (
+    assert "Sm90WsCfg<64, 128>" in least_g32 and "Sm90WsCfg<64, 128>" in least_g64
+    least, wide, wide_4096, narrow, odd, tall, tall_wide, tall_narrow, taller, too_narrow = (
         _kernels_launched(33, 256, 512),
         _kernels_launched(64, 256, 16384),  # 64 strips of 256 columns x 8 parts: every block slot
+        _kernels_launched(64, 256, 4096),  # 16 strips of 256 columns x 8 parts: 128 of the 132 slots
         _kernels_launched(64, 256, 512),
         _kernels_launched(64, 256, 384),
         _kernels_launched(65, 256, 512),
@@ -250,9 +254,9 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
         _kernels_launched(129, 256, 16384),
         _kernels_launched(65, 256, 192),
     )
-    assert "Sm90Cfg<64, 128>" in least  # 64-row chunks from 33 rows on (perf-log a3, o7)
-    assert "Sm90Cfg<64, 256>" in wide
-    assert "Sm90Cfg<64, 128>" in narrow and "Sm90Cfg<64, 128>" in odd
+    assert "Sm90WsCfg<64, 128>" in least  # 64-row chunks from 33 rows on (perf-log a3, o7, w10)
+    assert "Sm90WsCfg<64, 256>" in wide and "Sm90WsCfg<64, 256>" in wide_4096
+    assert "Sm90WsCfg<64, 128>" in narrow and "Sm90WsCfg<64, 128>" in odd
     assert "Sm90WsCfg<128, 128>" in tall and "Sm90WsCfg<128, 128>" in tall_narrow
     assert "Sm90WsCfg<128, 256>" in tall_wide and "Sm90WsCfg<256, 128>" in taller
     assert "gemm_kernel<" in too_narrow and "gemm_sm90" not in too_narrow  # n not a multiple of 128
@@ -286,6 +290,8 @@ def test_split_strips_are_added_by_a_second_kernel() -> None:
         (300, 1024, 12288, 32, "Sm90WsCfg<256, 128>"),  # two 256-row chunks side by side (the second 44 rows)
         (128, 4096, 22016, 128, "Sm90WsCfg<128, 256>"),  # runs of 42 tiles, strips of 64: up to three parts
         (100, 2048, 5760, -1, "Sm90WsCfg<128, 128>"),  # runs of 11, strips of 32: up to four parts, rows past m
+        (64, 4096, 22016, 128, "Sm90WsCfg<64, 256>"),  # runs of 42 tiles, strips of 64: up to three parts
+        (48, 2048, 5760, -1, "Sm90WsCfg<64, 128>"),  # runs of 11, strips of 32: up to four parts, rows past m
     ],
     ids=str,
 )
