@@ -99,7 +99,7 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
   // An sm_90a build on a Hopper GPU: the wgmma kernel with the tile sm90_tile() picks; otherwise (or where no wgmma
   // tile fits) the sm_80 kernel with the tile choose() picks.
   const int slots = g.sms * kMaxBlocksPerSm;
-  const Sm90Tile tile = sm90_tile(g.m, g.n, slots, grouped && g.k / g.groups < Sm90Cfg<16>::DEPTH);
+  const Sm90Tile tile = sm90_tile(g.m, g.n, g.k, slots, grouped && g.k / g.groups < Sm90Cfg<16>::DEPTH);
   const bool sm90 = tile.cols > 0 && has_wgmma(g.device);
   Choice choice{};
   if (!sm90 && !choose(g.m, g.n, g.k, slots, max_smem(g.device), &choice)) {

@@ -1060,11 +1060,12 @@ struct Sm90Cfg {
 };
 
 // The warp-specialized wgmma kernel for m > 32 (marlin_sm90.cu): R-row chunks (64 up to m = 64, 128 up to m = 128,
-// 256 above) by W columns (256 or 128 for 64- and 128-row chunks, 128 for 256-row ones), one block per SM of two
-// computing warpgroups (W / 2 columns each, per k16 tile: two m64n128k16 at 128 x 256, one m64n128k16 at 128 x 128,
-// one m64n256k16 at 256 x 128, two m64n64k16 at 64 x 256, one at 64 x 128) and one warpgroup of which one thread
-// issues the stages' copies: the A tile by a tensor copy, weights and scales by bulk copies, each ring slot's arrival
-// and release counted on mbarriers, no block barrier in the loop (perf-log w8, w10).
+// 256 above) by W columns (512, 256 or 128 for 64-row chunks, 256 or 128 for 128-row ones, 128 for 256-row ones), one
+// block per SM of two computing warpgroups (W / 2 columns each, per k16 tile: two m64n128k16 at 128 x 256, one
+// m64n128k16 at 128 x 128, one m64n256k16 at 256 x 128, four m64n64k16 at 64 x 512, two at 64 x 256, one at 64 x 128)
+// and one warpgroup of which one thread issues the stages' copies: the A tile by a tensor copy, weights and scales by
+// bulk copies, each ring slot's arrival and release counted on mbarriers, no block barrier in the loop (perf-log w8,
+// w10, w11).
 // The block of both warp-specialized kernels (dense and 2:4, ws_kernel in wgmma.cuh).
 struct WsBlock {
   static constexpr int CONSUMERS = 2;                  // computing warpgroups
@@ -1089,8 +1090,8 @@ struct Sm90WsCfg : WsBlock {
   static constexpr int STAGES = sm90_ws_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma
-  static_assert(((R == 64 || R == 128) && (W == 128 || W == 256)) || (R == 256 && W == 128),
-                "64 or 128 rows by 128 or 256 columns, or 256 x 128: 128 accumulators at most");
+  static_assert(((R == 64 || R == 128) && (W == 128 || W == 256)) || (R == 64 && W == 512) || (R == 256 && W == 128),
+                "64 or 128 rows by 128 or 256 columns, 64 x 512 or 256 x 128: 128 accumulators at most");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");
   static_assert(R * W <= kMaxBlocksPerSm * kMaxTileElems, "one block per SM: its partial tile takes two blocks' slots");
 };
@@ -1103,8 +1104,10 @@ struct Sm90WsCfg : WsBlock {
 // chunks up to m = 128 and 256-row chunks by 128 columns above.
 // Chunks of 16 to 128 rows take 256 columns, or 128 where 256-column strips in at most 8 parts each would leave
 // more than a quarter of the device's `slots` (two per SM) empty (7B layers with n = 4096 fill half of them); the
-// 64-row chunks count one slot per SM, their warp-specialized block's (n = 4096 takes 256 columns: perf-log w10).
-// cols = 0: no wgmma tile fits.
+// 64-row chunks count one slot per SM, their warp-specialized block's (n = 4096 takes 256 columns: perf-log w10),
+// and take 512 columns where the runs are at least 48 tiles long (64 deep): fewer instructions and A-tile copies per
+// weight, against a larger part to save or add at a strip's end (w11: runs of 54 and 109 tiles -9% / -13%, of 27-33
+// +4%, of 12-21 +15-20%). cols = 0: no wgmma tile fits.
 struct Sm90Tile {
   int rows, cols;
 };
@@ -1113,13 +1116,15 @@ inline int sm90_cols64(int n, int slots) {
   if (n % 256 == 0 && 4 * (n / 256 * 8) >= 3 * slots) return 256;
   return n % 128 == 0 ? 128 : 0;
 }
-inline Sm90Tile sm90_tile(int m, int n, int slots, bool small_groups) {
+inline Sm90Tile sm90_tile(int m, int n, int k, int slots, bool small_groups) {
   if (m <= 8) return {8, 0};
   if (m <= 16) return {16, small_groups ? 0 : sm90_cols64(n, slots)};
   if (m <= 32 && !small_groups) return {32, sm90_cols64(n, slots)};
   if (m > 128) return {256, n % 128 == 0 ? 128 : 0};
   if (m > 64) return {128, sm90_cols64(n, slots)};
-  return {64, sm90_cols64(n, slots / kMaxBlocksPerSm)};
+  const int sms = slots / kMaxBlocksPerSm;
+  if (n % 512 == 0 && 4 * (n / 512 * 8) >= 3 * sms && int64_t{n / 512} * (k / 64) >= 48 * sms) return {64, 512};
+  return {64, sm90_cols64(n, sms)};
 }
 cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,
                         cudaStream_t stream);

@@ -13,9 +13,9 @@
 // - 32 x 256 tiles (m = 17-32): warp w reads its own 16 bytes of strip w, four m64n32k16 per k16 tile;
 // - 32 x 128 (m = 17-32 on layers too narrow for 256 columns to fill the GPU): warps 2s and 2s + 1 share strip s,
 //   each taking 8 of its lanes' 16 bytes, two m64n32k16;
-// - m > 32, the warp-specialized kernel: two warpgroups, each on half of the tile's strips as above: 64 x 256 tiles
-//   two m64n64k16 per warpgroup and k16 tile, 64 x 128 one, 128 x 256 two m64n128k16, 128 x 128 one, 256 x 128
-//   (m > 128) one m64n256k16. Each dequantized weight serves 64, 128 or 256 rows (perf-log w4, w8, w10).
+// - m > 32, the warp-specialized kernel: two warpgroups, each on half of the tile's strips as above: 64 x 512 tiles
+//   four m64n64k16 per warpgroup and k16 tile, 64 x 256 two, 64 x 128 one, 128 x 256 two m64n128k16, 128 x 128 one,
+//   256 x 128 (m > 128) one m64n256k16. Each dequantized weight serves 64, 128 or 256 rows (perf-log w4, w8, w10).
 // In all the accumulators map back to columns when C is written.
 //
 // In the one-warpgroup kernel's 16- and 32-row chunks (m = 9-32: m64n16k16 / m64n32k16, 8 / 16 accumulators per
@@ -276,6 +276,7 @@ cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int
       return tile.cols == 256 ? launch_rows<Sm90Cfg<32>>(grouped, p, grid, device, stream)
                               : launch_rows<Sm90Cfg<32, 128>>(grouped, p, grid, device, stream);
     case 64:
+      if (tile.cols == 512) return launch_ws<Sm90WsCfg<64, 512>>(grouped, p, grid, device, stream);
       return tile.cols == 256 ? launch_ws<Sm90WsCfg<64, 256>>(grouped, p, grid, device, stream)
                               : launch_ws<Sm90WsCfg<64, 128>>(grouped, p, grid, device, stream);
     case 128:

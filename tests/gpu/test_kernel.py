@@ -256,6 +256,7 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
     )
     assert "Sm90WsCfg<64, 128>" in least  # 64-row chunks from 33 rows on (perf-log a3, o7, w10)
     assert "Sm90WsCfg<64, 256>" in wide and "Sm90WsCfg<64, 256>" in wide_4096
+    assert "Sm90WsCfg<64, 512>" in _kernels_launched(64, 28672, 8192)  # runs of 54 tiles: 64 x 512 (perf-log w11)
     assert "Sm90WsCfg<64, 128>" in narrow and "Sm90WsCfg<64, 128>" in odd
     assert "Sm90WsCfg<128, 128>" in tall and "Sm90WsCfg<128, 128>" in tall_narrow
     assert "Sm90WsCfg<128, 256>" in tall_wide and "Sm90WsCfg<256, 128>" in taller
