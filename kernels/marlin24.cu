@@ -111,7 +111,7 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   const int cols = detail::sm90_cols64(g.n, rows == 64 ? g.sms : g.sms * kMaxBlocksPerSm);
   const bool ws = rows == 128 || (rows == 64 && cols == 256);
   const int n_cols = cols > 0 ? g.n / cols : 0;
-  const int k_tiles = g.k / Sm90Cfg<256>::DEPTH;
+  const int k_tiles = g.k / Sm90Cfg<128>::DEPTH;
   if (rows > 0 && cols > 0 && detail::has_wgmma(g.device)) {
     return detail::run_chunk_groups(p, g, g.a, lg_group, rows, [&](int par) {
       const int per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, k_tiles, rows, ws);

@@ -341,11 +341,12 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
       [&](uint32_t st) { compute_stage(at(st)); }, finish);
 }
 
-// The 2:4 wgmma kernel on sm_90a (marlin24_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n: 64, 32 for
-// m = 17-32, 16 for m = 9-16) by W-column tiles (two 128-column strips of the layout, or one on narrow layers:
-// detail::sm90_cols64), stages of KT k32 rows: 2 (64 deep, one 128-byte swizzle row of A per row); for 32-row
-// chunks 4 (64-deep stages: 7B / 70B m = 17-32 +5% / +12%, perf-log o7), for 16-row ones 4, and 8 at 256 columns
-// (the A tile 64-deep swizzle panels; the per-stage work then serves more weights: perf-log s10, s11).
+// The 2:4 wgmma kernel on sm_90a (marlin24_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n: 64, 32 for m =
+// 17-32, 16 for m = 9-16) by W-column tiles (two 128-column strips of the layout, or one on narrow layers:
+// detail::sm90_cols64; 64-row chunks by one only, since 64 x 256 tiles run on Sm90WsCfg: perf-log w10), stages of KT
+// k32 rows: 2 (64 deep, one 128-byte swizzle row of A per row); for 32-row chunks 4 (64-deep stages: 7B / 70B m = 17-32
+// +5% / +12%, perf-log o7), for 16-row ones 4, and 8 at 256 columns (the A tile 64-deep swizzle panels; the per-stage
+// work then serves more weights: perf-log s10, s11).
 template <int W_, int R_ = 64>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
@@ -365,13 +366,14 @@ struct Sm90Cfg {
   static constexpr int S_STAGE = KT * W / 8;    // up to KT scale rows (group size 32)
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;  // whole swizzle atoms
   // 16- and 32-row chunks: as many stages as two blocks per SM hold, at most 8 (3 / 5 at 256 columns, 8 / 7 at 128);
-  // 64-row chunks: 6 (64 x 256: 7 fit, measured no faster) or 8
-  static constexpr int STAGES = R == 64 ? (W == 256 ? 6 : 8) : detail::sm90_stages_fit(STAGE);
+  // 64-row chunks: 8
+  static constexpr int STAGES = R == 64 ? 8 : detail::sm90_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int C_ROWS = 0;  // whole strips go to C from the registers (store_registers)
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
   static_assert(W == 128 || W == 256, "one or two strips");
   static_assert(R == 16 || R == 32 || R == 64, "wgmma.sp's n: 16, 32 or 64");
+  static_assert(R != 64 || W == 128, "64 x 256 tiles run on the warp-specialized kernel (Sm90WsCfg)");
   static_assert(A_CHUNKS % 8 == 0, "the A tile must be whole 128-byte swizzle panels: 64 fp16 per row");
   static_assert(STAGES >= 3, "a ring of at least 3 stages");
   static_assert(SMEM <= detail::kSm90Smem, "two blocks per SM (has_wgmma)");

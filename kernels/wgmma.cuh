@@ -474,8 +474,8 @@ struct RingPos {
 // compute_for(tid) makes the per-stage function compute(st, acc), which retires all but at most its last wgmma group.
 // Per tile of the run they wait for its stage, compute it, release the previous one's slot, and wgmma_finish at the
 // end of each column strip the run reaches, adding split strips' parts there when the host set p.flags (own_parts();
-// perf-log f3, s22; on the dense 128-row tiles only since o6: before, the strip's end held a branch between named
-// barriers, which put R2UR into the stage loop, o5).
+// perf-log f3, s22; on the dense 128-row tiles since o6, whose stage loop the earlier form of warpgroup_sync, a branch
+// between named barriers, had filled with R2UR, o5).
 template <class C, class Cols, bool GROUPED, int J, class Copy, class ComputeFor>
 __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, Copy&& copy, ComputeFor&& compute_for) {
   extern __shared__ int4 smem[];
