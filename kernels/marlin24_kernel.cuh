@@ -202,7 +202,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 
   int ld_col = run.t_begin / k_tiles;
   int ld_kt = run.t_begin - ld_col * k_tiles;
-  auto load_stage = [&](int4* st) {
+  auto load_stage = [&](int4* st, detail::Copies what) {  // as StageLoader::load<what>
+    const bool weights = what != detail::Copies::kActs, acts = what != detail::Copies::kWeights;
     int4* sa = st;
     int4* sb = sa + C::A_STAGE;
     int4* sm = sb + C::B_STAGE;
@@ -211,20 +212,25 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
     const int4* b_base = p.b + row * b_row + ld_col * (C::W / 2);
     const int4* m_base = p.meta + row * m_row + ld_col * (C::W / 4);
 #pragma unroll
-    for (int i = 0; i < B_PER; ++i) cp_async16(sb + b_dst[i], b_base + b_src[i]);
+    for (int i = 0; i < B_PER; ++i) {
+      if (weights) cp_async16(sb + b_dst[i], b_base + b_src[i]);
+    }
 #pragma unroll
-    for (int i = 0; i < M_PER; ++i) cp_async16(sm + m_dst[i], m_base + m_src[i]);
+    for (int i = 0; i < M_PER; ++i) {
+      if (weights) cp_async16(sm + m_dst[i], m_base + m_src[i]);
+    }
 #pragma unroll
     for (int i = 0; i < A_PER; ++i) {
-      if (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE) {
+      if (acts && (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE)) {
         cp_async16_zfill(sa + a_dst[i], a_g + ld_kt * C::A_CHUNKS + a_src[i], a_bytes[i]);
       }
     }
     const int4* s_base = p.s + static_cast<int64_t>(ld_kt) * s_rows * s_row + ld_col * (C::W / 8);
 #pragma unroll
     for (int i = 0; i < S_PER; ++i) {
-      if (tid + i * C::THREADS < s_count) cp_async16(ss + tid + i * C::THREADS, s_base + s_src[i]);
+      if (weights && tid + i * C::THREADS < s_count) cp_async16(ss + tid + i * C::THREADS, s_base + s_src[i]);
     }
+    if (!acts) return;
     if (++ld_kt == k_tiles) {
       ld_kt = 0;
       ++ld_col;
@@ -337,7 +343,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   const uint32_t ring = detail::smem_addr(smem);
   auto at = [&](uint32_t st) { return smem + (st - ring) / 16; };
   detail::pipeline<C::STAGES, C::STAGE * 16>(
-      run, ring, p.early_dependents, [&](uint32_t st) { load_stage(at(st)); }, [] {},
+      run, ring, p.early_dependents, [&](uint32_t st, detail::Copies what) { load_stage(at(st), what); }, [] {},
       [&](uint32_t st) { compute_stage(at(st)); }, finish);
 }
 

@@ -86,8 +86,10 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // Programmatic dependent launch (sm_90 and newer; no-ops before). The host launches every kernel with it, so a
 // kernel may be started while the previous one in the stream drains; grid_dependency_wait() returns once that one
-// has completed and its writes are visible, and nothing before it touches memory. allow_dependents() lets the next
-// kernel start; its blocks take SMs as this kernel's blocks exit.
+// has completed and its writes are visible. Before it a GEMM reads only its weights and scales (the first stages'
+// copies, pipeline()): a model's weights are written once, when it is loaded, never by the kernel launched just before
+// a GEMM (kernels/README.md). allow_dependents() lets the next kernel start; its blocks take SMs as this kernel's
+// blocks exit.
 __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -313,6 +315,11 @@ __device__ __forceinline__ int a_panel_chunk(int r, int j) {
   return (j / 8) * ROWS * 8 + r * 8 + ((j % 8) ^ (r % 8));
 }
 
+// What a loader's load(st) copies of its next tile: the weights alone (codes, 2:4 metadata, scales; the tile stays
+// next: pipeline() issues them before the wait for the previous kernel), then its activations, or both at once; the
+// latter two move on to the tile after.
+enum class Copies { kWeights, kActs, kAll };
+
 // A stage holds, from its first byte: the A tile (R rows x A_CHUNKS 16-byte chunks), the packed weights (KT rows x
 // NS strips x 32 lanes of 16 bytes, in copy order, so a lane later reads its own 16 bytes) and the scale rows the
 // stage spans. Every thread's share of a stage is fixed: only the tile's (column strip, k-tile) base moves. The
@@ -381,22 +388,26 @@ struct StageLoader {
     ld_g8 = ld_kt * s_stage_rows;
   }
 
-  // Issues the copies of the next tile into the stage at shared-memory address st, then moves to the tile after.
+  // Issues the copies (WHAT) of the next tile into the stage at shared-memory address st, then (but for kWeights)
+  // moves to the tile after.
+  template <Copies WHAT = Copies::kAll>
   __device__ __forceinline__ void load(uint32_t st) {
     const int tid = threadIdx.x;
+    constexpr bool weights = WHAT != Copies::kActs, acts = WHAT != Copies::kWeights;
 #pragma unroll
-    for (int i = 0; i < C::B_STAGE / C::THREADS; ++i) {
+    for (int i = 0; i < (weights ? C::B_STAGE / C::THREADS : 0); ++i) {
       cp_async16(st + b_dst + i * C::THREADS * 16, ld_b + i * b_pass);
     }
 #pragma unroll
-    for (int i = 0; i < A_PER; ++i) {
+    for (int i = 0; i < (acts ? A_PER : 0); ++i) {
       if (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE) {
         const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
         cp_async16_zfill(st + a_dst + i * A_PASS, a_g + (ld_a + (real ? a_src + i * a_pass : 0)),
                          real ? 16 : 0);
       }
     }
-    if (s_copy) cp_async16(st + s_dst, ld_s + (ld_g8 >> 3) * s_row);  // int: below the scale tensor's int4 count
+    if (weights && s_copy) cp_async16(st + s_dst, ld_s + (ld_g8 >> 3) * s_row);  // int: below the scales' int4 count
+    if (!acts) return;
     if (++ld_kt == k_tiles) {
       ld_kt = 0;
       ++ld_col;
@@ -654,7 +665,10 @@ __global__ void __launch_bounds__(L::THREADS) add_parts_kernel(const Params p) {
 // kernel may start at once when this grid takes every block slot (`early_dependents`: its blocks then only get the
 // SMs this kernel's blocks leave; with slots free they would start beside this kernel's blocks, and some SMs would
 // later run two of them while others ran one: 7B layers with n = 4096 at m = 64, +18%), then the wait for the
-// previous kernel. load(st) issues the copies of the run's next tile into stage st;
+// previous kernel, with the first tile's weights already in flight, so that they stream in while that kernel drains
+// (only the first: the first stage's wait covers every copy issued before the wait, and with the weights of all
+// STAGES - 1 prologue tiles ahead the first compute waited for them all: perf-log pw1). load(st, what) issues the
+// copies (Copies) of the run's next tile into stage st;
 // ready() runs once the current stage has landed for this thread, before the block barrier; compute(st) consumes
 // it; finish(col, seg_begin, seg_end) ends the part of the run inside column strip col (at a strip's last tile and
 // at the run's last). One copy of the loop body: unrolling it over the ring (static slot addresses) made a 160 KB
@@ -664,10 +678,11 @@ __device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, bool early
                                          Compute&& compute, Finish&& finish) {
   const uint32_t ring_end = ring + STAGES * STAGE_BYTES;
   if (early_dependents) allow_dependents();
+  load(ring, Copies::kWeights);  // every run has a tile (plan_run)
   grid_dependency_wait();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < r.n_iter) load(ring + s * STAGE_BYTES);
+    if (s < r.n_iter) load(ring + s * STAGE_BYTES, s == 0 ? Copies::kActs : Copies::kAll);
     cp_async_commit();
   }
   int seg_begin = r.t_begin;
@@ -679,7 +694,7 @@ __device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, bool early
     cp_async_wait<STAGES - 2>();  // stage `it` has landed
     ready();
     __syncthreads();  // ... for every thread, and every thread is done with stage it - 1
-    if (it + STAGES - 1 < r.n_iter) load(slot_next);
+    if (it + STAGES - 1 < r.n_iter) load(slot_next, Copies::kAll);
     cp_async_commit();
     compute(slot);
     slot = slot + STAGE_BYTES == ring_end ? ring : slot + STAGE_BYTES;
@@ -696,6 +711,20 @@ __device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, bool early
     }
   }
   cp_async_wait<0>();
+}
+
+// pipeline()'s load(st, what) for a loader with load<Copies>(st).
+template <class L>
+__device__ __forceinline__ auto loader_load(L& loader) {
+  return [&loader](uint32_t st, Copies what) {
+    if (what == Copies::kWeights) {
+      loader.template load<Copies::kWeights>(st);
+    } else if (what == Copies::kActs) {
+      loader.template load<Copies::kActs>(st);
+    } else {
+      loader.load(st);
+    }
+  };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -862,8 +891,8 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   };
 
   // --- main loop ---------------------------------------------------------------------------------------------
-  pipeline<C::STAGES, C::STAGE * 16>(
-      run, smem_addr(smem), p.early_dependents, [&](uint32_t st) { loader.load(st); }, [] {}, compute_stage, finish);
+  pipeline<C::STAGES, C::STAGE * 16>(run, smem_addr(smem), p.early_dependents, loader_load(loader), [] {},
+                                     compute_stage, finish);
 }
 
 constexpr int kMaxDevices = 64;

@@ -118,7 +118,6 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p
 
   const int4* a_g = p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8);
   StageLoader<C, GROUPED> loader(p, a_g, run.m_rows, run.t_begin, run.k_tiles);
-  auto load = [&](uint32_t st) { loader.load(st); };
   auto ready = [] { fence_proxy_async(); };  // what came through cp.async is visible to wgmma
   const WarpWords<C> w(tid);
 
@@ -176,7 +175,7 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p
       for (int e = 0; e < C::ACC; ++e) acc[j][e] += (e % 4 < 2 ? sv.x : sv.y) * (raw[j][e] + base[e]);
     }
   };
-  wgmma_run<C, DenseCols<C>, GROUPED>(p, run, smem, acc, load, ready, compute_offset);
+  wgmma_run<C, DenseCols<C>, GROUPED>(p, run, smem, acc, loader, ready, compute_offset);
 #endif
 }
 

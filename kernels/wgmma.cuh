@@ -434,17 +434,17 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
 }
 
 // The main loop and end of the wgmma kernels with one warpgroup per block for config C: the ring loop over the run's
-// tiles (load(st) copies a stage, ready() makes this thread's view of it visible to wgmma, compute(st) consumes it)
-// and wgmma_finish at the end of each column strip the run reaches.
-template <class C, class Cols, bool GROUPED, int J, class Load, class Ready, class Compute>
+// tiles (pipeline(): the loader copies stages, ready() makes this thread's view of one visible to wgmma, compute(st)
+// consumes it) and wgmma_finish at the end of each column strip the run reaches.
+template <class C, class Cols, bool GROUPED, int J, class Loader, class Ready, class Compute>
 __device__ __forceinline__ void wgmma_run(const Params& p, const Run& run, int4* smem, float (&acc)[J][C::ACC],
-                                          Load&& load, Ready&& ready, Compute&& compute) {
+                                          Loader& loader, Ready&& ready, Compute&& compute) {
   const uint32_t ring = ring_start(smem);
   auto finish = [&](int col, int seg_begin, int seg_end) {
     wgmma_wait<0>();
     wgmma_finish<C, Cols, GROUPED>(p, run, threadIdx.x, acc, col, seg_begin, seg_end);
   };
-  pipeline<C::STAGES, C::STAGE * 16>(run, ring, p.early_dependents, load, ready, compute, finish);
+  pipeline<C::STAGES, C::STAGE * 16>(run, ring, p.early_dependents, loader_load(loader), ready, compute, finish);
 }
 
 // The warp-specialized kernels' ring (C: THREADS computing threads, then one copying warpgroup; C::STAGES slots of
