@@ -154,7 +154,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor |
 
     K % 128 == 0, N % 64 == 0, g in {32, 64, 128} or one row of per-channel scales; perm int32 (K,) for act-order.
     CUDA tensors run through the kernel (KernelUnavailable if it cannot be built), CPU tensors through the reference.
-    One workspace per device: calls on different streams of one device must not overlap.
+    One workspace per device: calls on different streams of one device must not overlap. On Hopper GPUs the kernel may
+    read b and s while the previous kernel on the stream still runs, so that kernel must not write them.
     """
     check_shapes(a, b, s, perm)
     if a.device.type != "cuda":
@@ -171,7 +172,8 @@ def gemm24(a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: torch.Tens
 
     K % 128 == 0, N % 128 == 0, g in {32, 64, 128} or one row of per-channel scales. CUDA tensors run through the
     2:4 kernel (KernelUnavailable if it cannot be built), CPU tensors through the reference. Shares `gemm`'s
-    workspace: calls on different streams of one device must not overlap.
+    workspace: calls on different streams of one device must not overlap. As in `gemm`, the kernel launched just
+    before must not write b24, meta or s.
     """
     check_shapes24(a, b24, meta, s)
     if a.device.type != "cuda":
