@@ -1088,13 +1088,13 @@ struct Sm90Cfg {
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 
-// The warp-specialized wgmma kernel for m > 32 (marlin_sm90.cu): R-row chunks (64 up to m = 64, 128 up to m = 128,
-// 256 above) by W columns (512, 256 or 128 for 64-row chunks, 256 or 128 for 128-row ones, 128 for 256-row ones), one
-// block per SM of two computing warpgroups (W / 2 columns each, per k16 tile: two m64n128k16 at 128 x 256, one
-// m64n128k16 at 128 x 128, one m64n256k16 at 256 x 128, four m64n64k16 at 64 x 512, two at 64 x 256, one at 64 x 128)
-// and one warpgroup of which one thread issues the stages' copies: the A tile by a tensor copy, weights and scales by
-// bulk copies, each ring slot's arrival and release counted on mbarriers, no block barrier in the loop (perf-log w8,
-// w10, w11).
+// The warp-specialized wgmma kernel for m > 32 (marlin_sm90.cu): R-row chunks (64 up to m = 64, 96 up to m = 96, 128
+// up to m = 128, 256 above) by W columns (512, 256 or 128 for 64-row chunks, 256 or 128 for 96- and 128-row ones, 128
+// for 256-row ones), one block per SM of two computing warpgroups (W / 2 columns each, per k16 tile: two m64nRk16 at
+// R x 256, one at R x 128 for R = 96 and 128, one m64n256k16 at 256 x 128, four m64n64k16 at 64 x 512, two at
+// 64 x 256, one at 64 x 128) and one warpgroup of which one thread issues the stages' copies: the A tile by a tensor
+// copy, weights and scales by bulk copies, each ring slot's arrival and release counted on mbarriers, no block barrier
+// in the loop (perf-log w8, w10, w11, w12).
 // The block of both warp-specialized kernels (dense and 2:4, ws_kernel in wgmma.cuh).
 struct WsBlock {
   static constexpr int CONSUMERS = 2;                  // computing warpgroups
@@ -1119,8 +1119,9 @@ struct Sm90WsCfg : WsBlock {
   static constexpr int STAGES = sm90_ws_stages_fit(STAGE);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma
-  static_assert(((R == 64 || R == 128) && (W == 128 || W == 256)) || (R == 64 && W == 512) || (R == 256 && W == 128),
-                "64 or 128 rows by 128 or 256 columns, 64 x 512 or 256 x 128: 128 accumulators at most");
+  static_assert(((R == 64 || R == 96 || R == 128) && (W == 128 || W == 256)) || (R == 64 && W == 512) ||
+                    (R == 256 && W == 128),
+                "64, 96 or 128 rows by 128 or 256 columns, 64 x 512 or 256 x 128: 128 accumulators at most");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");
   static_assert(R * W <= kMaxBlocksPerSm * kMaxTileElems, "one block per SM: its partial tile takes two blocks' slots");
 };
@@ -1129,8 +1130,9 @@ struct Sm90WsCfg : WsBlock {
 // faster there: perf-log o1): 16-row chunks for m <= 16 (not with groups smaller than their 128-deep stage, which
 // would need the fp32 scaling more than once per stage: the mma.sync kernel takes those); 32-row chunks for
 // m <= 32 (those groups: 64-row chunks; o7); above, the warp-specialized kernel's 64-row chunks up to m = 64 (two
-// 32-row chunks side by side lost, o7; the one-warpgroup kernel's 64-row chunks were 5-10% slower, w10), 128-row
-// chunks up to m = 128 and 256-row chunks by 128 columns above.
+// 32-row chunks side by side lost, o7; the one-warpgroup kernel's 64-row chunks were 5-10% slower, w10), 96-row
+// chunks up to m = 96 (a quarter less tensor and A-tile work than 128 rows: w12), 128-row chunks up to m = 128 and
+// 256-row chunks by 128 columns above.
 // Chunks of 16 to 128 rows take 256 columns, or 128 where 256-column strips in at most 8 parts each would leave
 // more than a quarter of the device's `slots` (two per SM) empty (7B layers with n = 4096 fill half of them); the
 // 64-row chunks count one slot per SM, their warp-specialized block's (n = 4096 takes 256 columns: perf-log w10),
@@ -1150,7 +1152,8 @@ inline Sm90Tile sm90_tile(int m, int n, int k, int slots, bool small_groups) {
   if (m <= 16) return {16, small_groups ? 0 : sm90_cols64(n, slots)};
   if (m <= 32 && !small_groups) return {32, sm90_cols64(n, slots)};
   if (m > 128) return {256, n % 128 == 0 ? 128 : 0};
-  if (m > 64) return {128, sm90_cols64(n, slots)};
+  if (m > 96) return {128, sm90_cols64(n, slots)};
+  if (m > 64) return {96, sm90_cols64(n, slots)};
   const int sms = slots / kMaxBlocksPerSm;
   if (n % 512 == 0 && 4 * (n / 512 * 8) >= 3 * sms && int64_t{n / 512} * (k / 64) >= 48 * sms) return {64, 512};
   return {64, sm90_cols64(n, sms)};

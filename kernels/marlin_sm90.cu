@@ -278,6 +278,9 @@ cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int
       if (tile.cols == 512) return launch_ws<Sm90WsCfg<64, 512>>(grouped, p, grid, device, stream);
       return tile.cols == 256 ? launch_ws<Sm90WsCfg<64, 256>>(grouped, p, grid, device, stream)
                               : launch_ws<Sm90WsCfg<64, 128>>(grouped, p, grid, device, stream);
+    case 96:
+      return tile.cols == 256 ? launch_ws<Sm90WsCfg<96, 256>>(grouped, p, grid, device, stream)
+                              : launch_ws<Sm90WsCfg<96, 128>>(grouped, p, grid, device, stream);
     case 128:
       return tile.cols == 256 ? launch_ws<Sm90WsCfg<128, 256>>(grouped, p, grid, device, stream)
                               : launch_ws<Sm90WsCfg<128, 128>>(grouped, p, grid, device, stream);

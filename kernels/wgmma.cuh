@@ -150,6 +150,11 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
   "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
   "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
+#define MARLIN_WGMMA_D48_LIST \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
+  "%40, %41, %42, %43, %44, %45, %46, %47}"
+
 #define MARLIN_WGMMA_D128_LIST \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
@@ -160,7 +165,7 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
   "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
 // d (64 x N, fp32) = a (64 x 16 from registers) @ tile (16 x N from shared memory, K-major) + d (ADD) or + 0,
-// N = 16, 32, 64, 128 or 256.
+// N = 16, 32, 64, 96, 128 or 256.
 template <int N, bool ADD = true>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
   if constexpr (N == 16) {
@@ -178,6 +183,13 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (
                  ", {%32, %33, %34, %35}, %36, %37, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D32_OF(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ADD ? 1 : 0));
+  } else if constexpr (N == 96) {
+    float* const lo = d;
+    float* const hi = d + 32;
+    asm volatile("wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 " MARLIN_WGMMA_D48_LIST
+                 ", {%48, %49, %50, %51}, %52, %53, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D32_OF(lo), MARLIN_WGMMA_D16_OF(hi)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ADD ? 1 : 0));
   } else if constexpr (N == 256) {
     float* const q0 = d;
     float* const q1 = d + 32;
@@ -188,7 +200,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (
                  : MARLIN_WGMMA_D32_OF(q0), MARLIN_WGMMA_D32_OF(q1), MARLIN_WGMMA_D32_OF(q2), MARLIN_WGMMA_D32_OF(q3)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ADD ? 1 : 0));
   } else {
-    static_assert(N == 128, "n16, n32, n64, n128 or n256");
+    static_assert(N == 128, "n16, n32, n64, n96, n128 or n256");
     float* const lo = d;
     float* const hi = d + 32;
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " MARLIN_WGMMA_D64_LIST

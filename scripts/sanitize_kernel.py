@@ -43,6 +43,8 @@ CASES = [  # m, k, n, group, act_order
     (48, 2048, 5760, -1, False),  # 64 x 128 tiles on runs long enough to add their parts in the kernel
     (64, 4096, 22016, 128, False),  # ... 64 x 256 tiles
     (64, 28672, 8192, 128, False),  # 64 x 512 tiles (runs of 54 tiles), strips in parts
+    (80, 384, 384, 128, True),  # 96 x 128 tiles
+    (96, 4096, 22016, 128, False),  # 96 x 256 tiles on runs long enough to add their parts in the kernel
     (100, 384, 384, 128, True),  # 128 x 128 tiles
     (128, 2048, 128, 64, False),  # one strip in 8 parts
     (100, 2048, 5760, -1, False),  # 128 x 128 tiles on runs long enough to add their parts in the kernel

@@ -31,7 +31,7 @@ from marlin_cli.kernel import ops, reference
 pytestmark = pytest.mark.gpu
 
 TOL = 2e-3  # see the module docstring
-M_ALL = (1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100, 128, 255, 256, 1024, 4096)
+M_ALL = (1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 64, 80, 100, 128, 255, 256, 1024, 4096)
 LLAMA2_7B = ((4096, 12288), (4096, 4096), (4096, 22016), (11008, 4096))
 LLAMA3_70B = ((8192, 10240), (8192, 8192), (8192, 57344), (28672, 8192))
 MINILM = ((384, 384), (384, 1536), (1536, 384))
@@ -80,14 +80,14 @@ def test_m_sweep(m: int, k: int, n: int) -> None:
 
 
 @pytest.mark.parametrize("k,n", ALL_SHAPES, ids=str)
-@pytest.mark.parametrize("m", [1, 16, 32, 64, 256])
+@pytest.mark.parametrize("m", [1, 16, 32, 64, 80, 256])
 def test_all_shapes(m: int, k: int, n: int) -> None:
     _check(m, k, n, 128, seed=k + n + m)
 
 
 @pytest.mark.parametrize("k,n", [(1024, 768), (1536, 192), (8192, 1024), (1024, 8192)], ids=str)
 @pytest.mark.parametrize("group", [-1, 32, 64, 128])
-@pytest.mark.parametrize("m", [1, 12, 17, 48, 100, 200])
+@pytest.mark.parametrize("m", [1, 12, 17, 48, 80, 100, 200])
 def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
     _check(m, k, n, group, seed=m * 7 + group)
 
@@ -122,7 +122,8 @@ def test_large_m() -> None:
 
 
 @pytest.mark.parametrize(
-    "m,k,n", [(16, 4096, 4096), (1, 11008, 4096), (48, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)]
+    "m,k,n",
+    [(16, 4096, 4096), (1, 11008, 4096), (48, 4096, 4096), (80, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)],
 )
 def test_repeatable(m: int, k: int, n: int) -> None:
     """Partial sums are added in a fixed order, so repeated launches give bit-identical outputs."""
@@ -242,13 +243,15 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
     )
     assert "Sm90Cfg<32, 128>" in least and "Sm90Cfg<32, 256>" in most_wide
     assert "Sm90WsCfg<64, 128>" in least_g32 and "Sm90WsCfg<64, 128>" in least_g64
-    least, wide, wide_4096, narrow, odd, tall, tall_wide, tall_narrow, taller, too_narrow = (
+    least, wide, wide_4096, narrow, odd, short, short_wide, tall, tall_wide, tall_narrow, taller, too_narrow = (
         _kernels_launched(33, 256, 512),
         _kernels_launched(64, 256, 16384),  # 64 strips of 256 columns x 8 parts: every block slot
         _kernels_launched(64, 256, 4096),  # 16 strips of 256 columns x 8 parts: 128 of the 132 slots
         _kernels_launched(64, 256, 512),
         _kernels_launched(64, 256, 384),
         _kernels_launched(65, 256, 512),
+        _kernels_launched(96, 256, 16384),
+        _kernels_launched(97, 256, 512),
         _kernels_launched(128, 256, 16384),
         _kernels_launched(128, 256, 384),
         _kernels_launched(129, 256, 16384),
@@ -258,6 +261,7 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
     assert "Sm90WsCfg<64, 256>" in wide and "Sm90WsCfg<64, 256>" in wide_4096
     assert "Sm90WsCfg<64, 512>" in _kernels_launched(64, 28672, 8192)  # runs of 54 tiles: 64 x 512 (perf-log w11)
     assert "Sm90WsCfg<64, 128>" in narrow and "Sm90WsCfg<64, 128>" in odd
+    assert "Sm90WsCfg<96, 128>" in short and "Sm90WsCfg<96, 256>" in short_wide  # 65-96 rows (perf-log w12)
     assert "Sm90WsCfg<128, 128>" in tall and "Sm90WsCfg<128, 128>" in tall_narrow
     assert "Sm90WsCfg<128, 256>" in tall_wide and "Sm90WsCfg<256, 128>" in taller
     assert "gemm_kernel<" in too_narrow and "gemm_sm90" not in too_narrow  # n not a multiple of 128
@@ -290,6 +294,7 @@ def test_split_strips_are_added_by_a_second_kernel() -> None:
         (200, 8192, 8192, 32, "Sm90WsCfg<256, 128>"),  # runs of 63, strips of 128: up to four parts
         (300, 1024, 12288, 32, "Sm90WsCfg<256, 128>"),  # two 256-row chunks side by side (the second 44 rows)
         (128, 4096, 22016, 128, "Sm90WsCfg<128, 256>"),  # runs of 42 tiles, strips of 64: up to three parts
+        (80, 4096, 22016, 128, "Sm90WsCfg<96, 256>"),  # the same partition on 96-row tiles, rows past m
         (100, 2048, 5760, -1, "Sm90WsCfg<128, 128>"),  # runs of 11, strips of 32: up to four parts, rows past m
         (64, 4096, 22016, 128, "Sm90WsCfg<64, 256>"),  # runs of 42 tiles, strips of 64: up to three parts
         (48, 2048, 5760, -1, "Sm90WsCfg<64, 128>"),  # runs of 11, strips of 32: up to four parts, rows past m
