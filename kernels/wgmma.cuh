@@ -509,6 +509,7 @@ __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, 
   }
   __syncthreads();
   // as pipeline() does: let the next kernel start now if this grid takes every SM, then wait for the previous one
+  // (with no weights ahead of the wait, unlike pipeline(): the whole ring's ahead was level, perf-log pw1)
   if (p.early_dependents) allow_dependents();
   grid_dependency_wait();
   if (tid >= C::THREADS) {
