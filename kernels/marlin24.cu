@@ -103,13 +103,14 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   // On an sm_90a build and a Hopper GPU the wgmma.sp kernel, by 256 columns or, on layers too narrow for those to
   // fill the GPU, 128 (the dense kernel's rule, sm90_cols64): 16-row chunks with 128-deep stages for m = 9-16
   // (faster than the mma.sp kernel's on every layer measured: s10), 32-row ones for m = 17-32 (half the 64-row
-  // chunks' tensor work: 7B / 70B -29%, perf-log o7), 64-row ones for m = 33-64 and 128-row ones above. The 64-row
-  // chunks by 256 columns and the 128-row ones run on the warp-specialized kernel, one block per SM (perf-log w8,
+  // chunks' tensor work: 7B / 70B -29%, perf-log o7), 64-row ones for m = 33-64, 96-row ones for m = 65-96 (a quarter
+  // less tensor and A-tile work than 128 rows, as the dense kernel's: perf-log s23) and 128-row ones above. From 96
+  // rows, and 64 rows by 256 columns, the warp-specialized kernel runs them, one block per SM (ws_tile; perf-log w8,
   // s12, w10; the 64-row chunks' width counts those slots, so n = 4096 takes 256 columns there); narrower 64-row
   // chunks on the one-warpgroup kernel, two blocks per SM.
-  const int rows = g.m > 64 ? 128 : g.m > 32 ? 64 : g.m > 16 ? 32 : g.m > 8 ? 16 : 0;
+  const int rows = g.m > 96 ? 128 : g.m > 64 ? 96 : g.m > 32 ? 64 : g.m > 16 ? 32 : g.m > 8 ? 16 : 0;
   const int cols = detail::sm90_cols64(g.n, rows == 64 ? g.sms : g.sms * kMaxBlocksPerSm);
-  const bool ws = rows == 128 || (rows == 64 && cols == 256);
+  const bool ws = ws_tile(rows, cols);
   const int n_cols = cols > 0 ? g.n / cols : 0;
   const int k_tiles = g.k / Sm90Cfg<128>::DEPTH;
   if (rows > 0 && cols > 0 && detail::has_wgmma(g.device)) {

@@ -385,12 +385,12 @@ struct Sm90Cfg {
   static_assert(SMEM <= detail::kSm90Smem, "two blocks per SM (has_wgmma)");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
-// The warp-specialized 2:4 kernel for m > 32 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): R-row chunks (128, or
-// 64 up to m = 64) by W columns, one block per SM of two computing warpgroups and one copying warpgroup (the A tile by
-// a tensor copy per 64-deep panel, the rest by Sm90Loader's cp.async), a ring of 128-deep stages. At W = 256 each
-// computing warpgroup takes one 128-column strip on all R rows (two m64nRk32 per k32 row); at W = 128 (layers too
-// narrow for 256-column tiles, R = 128 only) both take the one strip, each on its 64 rows (a row block: two
-// m64n64k32), since in this lane layout a strip's columns cannot be split between warpgroups.
+// The warp-specialized 2:4 kernel for m > 32 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): R-row chunks (128, 96
+// up to m = 96, 64 up to m = 64) by W columns, one block per SM of two computing warpgroups and one copying warpgroup
+// (the A tile by a tensor copy per 64-deep panel, the rest by Sm90Loader's cp.async), a ring of 128-deep stages. At
+// W = 256 each computing warpgroup takes one 128-column strip on all R rows (two m64nRk32 per k32 row); at W = 128
+// (layers too narrow for 256-column tiles, R = 96 or 128) both take the one strip, each on its R / 2 rows (a row
+// block: two m64n(R/2)k32), since in this lane layout a strip's columns cannot be split between warpgroups.
 template <int W_, int R_>
 struct Sm90WsCfg : detail::WsBlock {
   static constexpr int LOAD_TID0 = THREADS;  // the copying warpgroup's first thread (Sm90Loader)
@@ -413,11 +413,14 @@ struct Sm90WsCfg : detail::WsBlock {
   static constexpr int STAGES = detail::sm90_ws_stages_fit(STAGE, C_STAGING);
   static constexpr int SMEM = STAGES * STAGE * 16 + C_STAGING + 1024;
   static constexpr int ACC = R / 2 / (CONSUMERS / STRIPS);  // accumulators per thread per wgmma: its rows x 64 / 128
-  static_assert((W == 256 && (R == 64 || R == 128)) || (W == 128 && R == 128),
-                "one strip for both computing warpgroups (a row block of 64 each), or one each");
+  static_assert((W == 256 && (R == 64 || R == 96 || R == 128)) || (W == 128 && (R == 96 || R == 128)),
+                "one strip for both computing warpgroups (a row block of R / 2 each), or one each");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");
   static_assert(R * W <= kMaxBlocksPerSm * kMaxTileElems, "one block per SM: its partial tile takes two blocks' slots");
 };
+// Whether the wgmma.sp kernel's rows x cols tiles run on the warp-specialized block (Sm90WsCfg, one block per SM):
+// from 96 rows, and 64 x 256 (64 x 128 tiles keep the one-warpgroup block, two per SM: perf-log w10).
+inline bool ws_tile(int rows, int cols) { return rows > 64 || (rows == 64 && cols == 256); }
 cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream);
 
 }  // namespace sparse24

@@ -18,15 +18,15 @@
 // strip. Stages are 64 deep for R = 64 (m = 33-64, 128 columns only), 128 for R = 32 (m = 17-32) and 128 or, at 256
 // columns, 256 for R = 16 (m = 9-16: perf-log s10, s11), the A tile in 64-deep swizzle panels.
 //
-// Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes 128 x 256 tiles: two computing warpgroups,
-// one strip each (warp w its word w % 4, two m64n128k32 per k32 row), and a copying warpgroup: the A tile by tensor
-// copies, as the dense one does above m = 32 (marlin_sm90.cu), the rest by Sm90Loader's cp.async. On layers too
-// narrow for 256-column tiles it takes 128 x 128 ones: both computing warpgroups on the one strip, each on its row
-// block of 64 rows (two m64n64k32 per k32 row). At m = 33-64 it takes 64 x 256 tiles (two m64n64k32 per warpgroup
-// and k32 row), where the one-warpgroup kernel keeps only the 64 x 128 ones (perf-log w10). Its blocks write whole
-// strips to C through shared memory (store_staged: this column map's 2-byte stores from the registers put each value
-// in a sector of its own) and add split strips' parts themselves where runs are long (own_parts), as the dense ones
-// do (perf-log s21, s22).
+// Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes R x 256 tiles, R = 96 up to m = 96 and 128
+// above: two computing warpgroups, one strip each (warp w its word w % 4, two m64nRk32 per k32 row), and a copying
+// warpgroup: the A tile by tensor copies, as the dense one does above m = 32 (marlin_sm90.cu), the rest by
+// Sm90Loader's cp.async. On layers too narrow for 256-column tiles it takes R x 128 ones: both computing warpgroups on
+// the one strip, each on its row block of R / 2 rows (two m64n(R/2)k32 per k32 row). At m = 33-64 it takes 64 x 256
+// tiles (two m64n64k32 per warpgroup and k32 row), where the one-warpgroup kernel keeps only the 64 x 128 ones
+// (perf-log w10). Its blocks write whole strips to C through shared memory (store_staged: this column map's 2-byte
+// stores from the registers put each value in a sector of its own) and add split strips' parts themselves where runs
+// are long (own_parts), as the dense ones do (perf-log s21, s22).
 //
 // Everything else is the dense wgmma kernels': the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params
 #endif
 }
 
-// The warp-specialized 2:4 kernel (Sm90WsCfg, m > 64): threads 0-255 compute (two warpgroups, a strip or a row
+// The warp-specialized 2:4 kernel (Sm90WsCfg, ws_tile): threads 0-255 compute (two warpgroups, a strip or a row
 // block each), the third warpgroup copies (ws_kernel): per stage its first thread issues the A tile as a tensor copy
 // per 64-deep panel charged to the slot's full barrier, and every copying thread its share of codes, metadata and
 // scales by Sm90Loader's cp.async (their swizzle keeps the computing lanes' loads conflict-free, which bulk copies
@@ -349,11 +349,15 @@ cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaS
 }
 
 cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
-  if (rows == 128) {
+  if (ws_tile(rows, cols)) {
+    if (rows == 64) return launch_ws<Sm90WsCfg<256, 64>>(grouped, p, grid, device, stream);
+    if (rows == 96) {
+      return cols == 256 ? launch_ws<Sm90WsCfg<256, 96>>(grouped, p, grid, device, stream)
+                         : launch_ws<Sm90WsCfg<128, 96>>(grouped, p, grid, device, stream);
+    }
     return cols == 256 ? launch_ws<Sm90WsCfg<256, 128>>(grouped, p, grid, device, stream)
                        : launch_ws<Sm90WsCfg<128, 128>>(grouped, p, grid, device, stream);
   }
-  if (rows == 64 && cols == 256) return launch_ws<Sm90WsCfg<256, 64>>(grouped, p, grid, device, stream);
   if (rows == 16) {
     return cols == 256 ? launch_cols<Sm90Cfg<256, 16>>(grouped, p, grid, device, stream)
                        : launch_cols<Sm90Cfg<128, 16>>(grouped, p, grid, device, stream);

@@ -150,6 +150,9 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
   "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
   "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
+#define MARLIN_WGMMA_D24_LIST \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}"
+
 #define MARLIN_WGMMA_D48_LIST \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
@@ -211,7 +214,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (
 }
 
 // d (64 x N, fp32) += a (64 x 32, 2:4 sparse: 64 x 16 kept values from registers + one metadata word) @ tile
-// (32 x N from shared memory, K-major), N = 16, 64 or 128. SEL: which two threads of each group of four supply the
+// (32 x N from shared memory, K-major), N = 16, 32, 48, 64, 96 or 128. SEL: which two threads of each group of four supply the
 // metadata (as in mma.sp m16n8k32, per warp of the warpgroup).
 template <int N, int SEL>
 __device__ __forceinline__ void wgmma_sp_m64k32(float (&d)[N / 2], const uint32_t (&a)[4], uint32_t meta,
@@ -226,13 +229,25 @@ __device__ __forceinline__ void wgmma_sp_m64k32(float (&d)[N / 2], const uint32_
                  "%10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, %21, %22, 1, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D16_OF(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
+  } else if constexpr (N == 48) {
+    float* const hi = d + 16;
+    asm volatile("wgmma.mma_async.sp.sync.aligned.m64n48k32.f32.f16.f16 " MARLIN_WGMMA_D24_LIST
+                 ", {%24, %25, %26, %27}, %28, %29, %30, 1, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D16_OF(d), MARLIN_WGMMA_D8_OF(hi)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
   } else if constexpr (N == 64) {
     asm volatile("wgmma.mma_async.sp.sync.aligned.m64n64k32.f32.f16.f16 " MARLIN_WGMMA_D32_LIST
                  ", {%32, %33, %34, %35}, %36, %37, %38, 1, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D32_OF(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
+  } else if constexpr (N == 96) {
+    float* const hi = d + 32;
+    asm volatile("wgmma.mma_async.sp.sync.aligned.m64n96k32.f32.f16.f16 " MARLIN_WGMMA_D48_LIST
+                 ", {%48, %49, %50, %51}, %52, %53, %54, 1, 1, 1, 0;\n"
+                 : MARLIN_WGMMA_D32_OF(d), MARLIN_WGMMA_D16_OF(hi)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
   } else {
-    static_assert(N == 128, "n16, n32, n64 or n128");
+    static_assert(N == 128, "n16, n32, n48, n64, n96 or n128");
     float* const lo = d;
     float* const hi = d + 32;
     asm volatile("wgmma.mma_async.sp.sync.aligned.m64n128k32.f32.f16.f16 " MARLIN_WGMMA_D64_LIST
@@ -267,7 +282,10 @@ __device__ __forceinline__ void pin(float (&acc)[J][ACC]) {
 }
 
 #undef MARLIN_WGMMA_D8_OF
+#undef MARLIN_WGMMA_D16_OF
 #undef MARLIN_WGMMA_D32_OF
+#undef MARLIN_WGMMA_D24_LIST
+#undef MARLIN_WGMMA_D48_LIST
 #undef MARLIN_WGMMA_D64_LIST
 #undef MARLIN_WGMMA_D32_LIST
 #undef MARLIN_WGMMA_D128_LIST
@@ -394,7 +412,8 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
   float* part = segment_part(p, run, C::R * C::W, col, seg_begin, seg_end);
   auto at = [&](int j, int v) { return (j * C::R / 8 + rb * N / 8 + v) * TP + t; };  // float4 of a part
   const int wg = tid / 128, first_block = run.chunk * p.blocks_per_chunk, strip_begin = col * run.k_tiles;
-  static_assert(!OWN || C::ACC % 16 == 0, "parts are added in batches of 4 float4");
+  constexpr int kBatch = C::ACC % 16 == 0 ? 4 : 2;  // float4 of a part loaded before they are added
+  static_assert(!OWN || C::ACC % (4 * kBatch) == 0, "parts are added in whole batches");
   const bool own = OWN && part != nullptr && p.flags != nullptr;
   if (own && seg_begin == strip_begin) {
     const int bid_hi = (strip_begin + run.k_tiles - 1) / run.iters;
@@ -405,12 +424,12 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
 #pragma unroll
       for (int j = 0; j < J; ++j)
 #pragma unroll
-        for (int v0 = 0; v0 < C::ACC / 4; v0 += 4) {
-          float4 x[4];
+        for (int v0 = 0; v0 < C::ACC / 4; v0 += kBatch) {
+          float4 x[kBatch];
 #pragma unroll
-          for (int v = 0; v < 4; ++v) x[v] = __ldcg(src + at(j, v0 + v));
+          for (int v = 0; v < kBatch; ++v) x[v] = __ldcg(src + at(j, v0 + v));
 #pragma unroll
-          for (int v = 0; v < 4; ++v) {
+          for (int v = 0; v < kBatch; ++v) {
             float* a = &acc[j][4 * (v0 + v)];
             a[0] += x[v].x, a[1] += x[v].y, a[2] += x[v].z, a[3] += x[v].w;
           }

@@ -74,6 +74,8 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (256, 1024, 8192, -1),  # two 128-row chunks, per-channel scales, strips in parts
     (128, 4096, 22016, 128),  # 128 x 256 tiles whose blocks add their strips' parts, C through shared memory
     (200, 4096, 4096, 32),  # ... 128 x 128 tiles, two chunks side by side (the second 72 rows)
+    (80, 1024, 384, -1),  # 96 x 128 tiles (a row block of 48 per warpgroup, the second one half empty), per channel
+    (96, 4096, 22016, 32),  # 96 x 256 tiles whose blocks add their strips' parts
 ]
 
 

@@ -25,7 +25,7 @@ from marlin_cli.kernel import build, ops, reference
 pytestmark = pytest.mark.gpu
 
 TOL = 2e-3  # see the module docstring
-M_ALL = (1, 7, 9, 16, 17, 32, 33, 64, 100, 128, 256, 1024)
+M_ALL = (1, 7, 9, 16, 17, 32, 33, 64, 80, 100, 128, 256, 1024)
 LLAMA2_7B = ((4096, 12288), (4096, 4096), (4096, 22016), (11008, 4096))
 LLAMA3_70B = ((8192, 10240), (28672, 8192))
 MINILM = ((384, 384), (384, 1536), (1536, 384))
@@ -81,14 +81,14 @@ def test_m_sweep(m: int, k: int, n: int) -> None:
 
 
 @pytest.mark.parametrize("k,n", [*LLAMA2_7B, *LLAMA3_70B], ids=str)
-@pytest.mark.parametrize("m", [1, 16, 64, 128, 256])
+@pytest.mark.parametrize("m", [1, 16, 64, 80, 128, 256])
 def test_large_shapes(m: int, k: int, n: int) -> None:
     _check(m, k, n, 128)
 
 
 @pytest.mark.parametrize("k,n", [(1024, 768), (4096, 4096), (1024, 8192)], ids=str)  # n = 8192: 16 x 256 tiles
 @pytest.mark.parametrize("group", [-1, 32, 64, 128])
-@pytest.mark.parametrize("m", [1, 7, 12, 17, 48, 100, 256])
+@pytest.mark.parametrize("m", [1, 7, 12, 17, 48, 96, 100, 256])
 def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
     _check(m, k, n, group)
 
@@ -108,12 +108,12 @@ def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
     256 columns where 256-column strips fill most of the GPU's block slots, else by 128; 64-row ones up to m = 64, by
     256 columns on the warp-specialized kernel where those fill most of its one slot per SM (n = 4096 included,
     perf-log w10), else 64 x 128 tiles on the one-warpgroup kernel; above m = 64 the warp-specialized kernel's
-    128 x 256 tiles where 256 columns fill the GPU (perf-log w8), else 128 x 128 ones (each computing warpgroup on 64
-    of the rows, perf-log s12); m = 9-16 on its 16-row chunks by the same widths as 32-row ones (perf-log s10), also
-    on layers with long runs; m <= 8 on the mma.sp kernel."""
+    96-row tiles up to m = 96 (perf-log s23) and 128-row ones above, by 256 columns where those fill the GPU (perf-log
+    w8), else by 128 (each computing warpgroup on half of the rows, perf-log s12); m = 9-16 on its 16-row chunks by
+    the same widths as 32-row ones (perf-log s10), also on layers with long runs; m <= 8 on the mma.sp kernel."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
-    eight, short16, long16, least, most_wide, least64, wide, wide_4096, narrow, odd, tall, tall_wide = (
+    eight, short16, long16, least, most_wide, least64, wide, wide_4096, narrow, odd = (
         _kernels_launched(8, 512),
         _kernels_launched(9, 512),
         _kernels_launched(16, 8192, k=28672),  # 32 strips x 448 tiles: more than 32 per block slot
@@ -124,8 +124,13 @@ def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
         _kernels_launched(64, 4096),  # 16 strips of 256 columns x 8 parts: 128 of the 132 slots
         _kernels_launched(64, 512),
         _kernels_launched(64, 384),
+    )
+    least96, most96_wide, least128, tall, tall_wide = (
+        _kernels_launched(65, 512),
+        _kernels_launched(96, 16384),
+        _kernels_launched(97, 512),
         _kernels_launched(200, 512),
-        _kernels_launched(65, 16384),
+        _kernels_launched(97, 16384),
     )
     assert "gemm24_kernel<" in eight and "gemm24_sm90_kernel" not in eight
     assert "Sm90Cfg<128, 16>" in short16
@@ -134,7 +139,8 @@ def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
     assert "Sm90Cfg<128, 64>" in least64
     assert "Sm90WsCfg<256, 64>" in wide and "Sm90WsCfg<256, 64>" in wide_4096
     assert "Sm90Cfg<128, 64>" in narrow and "Sm90Cfg<128, 64>" in odd
-    assert "Sm90WsCfg<128, 128>" in tall and "Sm90WsCfg<256, 128>" in tall_wide
+    assert "Sm90WsCfg<128, 96>" in least96 and "Sm90WsCfg<256, 96>" in most96_wide
+    assert "Sm90WsCfg<128, 128>" in least128 and "Sm90WsCfg<128, 128>" in tall and "Sm90WsCfg<256, 128>" in tall_wide
 
 
 @pytest.mark.parametrize(
@@ -144,6 +150,8 @@ def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
         (256, 8192, 8192, -1),  # two 128-row chunks side by side, per-channel scales: two parts per strip
         (200, 4096, 4096, 32),  # 128 x 128 tiles (a row block per warpgroup), the second chunk 72 rows
         (64, 4096, 22016, 128),  # 64 x 256 tiles, runs of 21 tiles, strips of 32: up to three parts
+        (80, 4096, 22016, 128),  # 96 x 256 tiles, the same runs
+        (72, 4096, 5760, 32),  # 96 x 128 tiles (a row block of 48 per warpgroup), 45 strips: runs of 11 of 32
     ],
     ids=str,
 )
@@ -164,7 +172,8 @@ def test_long_runs_add_their_parts_in_the_kernel(m: int, k: int, n: int, group: 
 
 
 @pytest.mark.parametrize(
-    "m,k,n", [(1, 11008, 4096), (16, 4096, 4096), (48, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)]
+    "m,k,n",
+    [(1, 11008, 4096), (16, 4096, 4096), (48, 4096, 4096), (80, 4096, 4096), (100, 8192, 1024), (256, 28672, 8192)],
 )
 def test_repeatable(m: int, k: int, n: int) -> None:
     """Partial sums are added in a fixed order, so repeated launches give bit-identical outputs."""
