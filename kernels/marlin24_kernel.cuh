@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 }
 
 // The 2:4 wgmma kernel on sm_90a (marlin24_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n: 64, 32 for m =
-// 17-32, 16 for m = 9-16) by W-column tiles (two 128-column strips of the layout, or one on narrow layers:
+// 17-32, 16 for m <= 16) by W-column tiles (two 128-column strips of the layout, or one on narrow layers:
 // detail::sm90_cols64; 64-row chunks by one only, since 64 x 256 tiles run on Sm90WsCfg: perf-log w10), stages of KT
 // k32 rows: 2 (64 deep, one 128-byte swizzle row of A per row); for 32-row chunks 4 (64-deep stages: 7B / 70B m = 17-32
 // +5% / +12%, perf-log o7), for 16-row ones 4, and 8 at 256 columns (the A tile 64-deep swizzle panels; the per-stage

@@ -1,4 +1,4 @@
-// FP16 x INT4 GEMM on the Sparse-MARLIN 2:4 layout with Hopper's sparse warpgroup MMA (wgmma.sp), for m > 8 on
+// FP16 x INT4 GEMM on the Sparse-MARLIN 2:4 layout with Hopper's sparse warpgroup MMA (wgmma.sp), for every m on
 // sm_90a (marlin24.cu).
 //
 // mma.sp runs at about half of the H200's sparse tensor rate, and the sm_80-class 2:4 kernel (marlin24_kernel.cuh)
@@ -16,7 +16,7 @@
 // 256-column tiles to fill the GPU, as the dense kernel's) warp w takes word j = w of the one strip's chunks, and
 // two m64nRk32 cover its 128 columns. Tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of its
 // strip. Stages are 64 deep for R = 64 (m = 33-64, 128 columns only), 128 for R = 32 (m = 17-32) and 128 or, at 256
-// columns, 256 for R = 16 (m = 9-16: perf-log s10, s11), the A tile in 64-deep swizzle panels.
+// columns, 256 for R = 16 (m <= 16: perf-log s10, s11, s24), the A tile in 64-deep swizzle panels.
 //
 // Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes R x 256 tiles, R = 96 up to m = 96 and 128
 // above: two computing warpgroups, one strip each (warp w its word w % 4, two m64nRk32 per k32 row), and a copying

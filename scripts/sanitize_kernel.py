@@ -6,7 +6,8 @@ compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_k
 Build the kernel first (any call of marlin_cli.kernel.ops.gemm on a GPU), so the sanitizer only sees launches.
 The shapes cover every chunk height, strip width, group kind, act-order, ragged m and the split-k fixup, for the
 sm_80 kernel (m <= 8, groups below 128 at m <= 16, or n too narrow for the wgmma tile) and the wgmma kernel (m > 8
-on the H200), then the 2:4 kernels (mma.sp, and wgmma.sp for m > 8 on the H200).
+on the H200), then the 2:4 kernels (wgmma.sp on the H200, mma.sp elsewhere). tests/gpu/test_sm80_kernels.py runs them
+on a build without sm_90a, where every m takes the sm_80 kernels.
 """
 
 from __future__ import annotations

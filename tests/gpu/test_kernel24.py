@@ -103,14 +103,14 @@ def _kernels_launched(m: int, n: int, k: int = 256) -> str:
     return kernels_launched(lambda: ops.gemm24(a, b24, meta, s))
 
 
-def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
-    """On compute capability 9.0, m > 16 runs on the wgmma.sp kernel: 32-row chunks up to m = 32 (perf-log o7) by
-    256 columns where 256-column strips fill most of the GPU's block slots, else by 128; 64-row ones up to m = 64, by
-    256 columns on the warp-specialized kernel where those fill most of its one slot per SM (n = 4096 included,
-    perf-log w10), else 64 x 128 tiles on the one-warpgroup kernel; above m = 64 the warp-specialized kernel's
-    96-row tiles up to m = 96 (perf-log s23) and 128-row ones above, by 256 columns where those fill the GPU (perf-log
-    w8), else by 128 (each computing warpgroup on half of the rows, perf-log s12); m = 9-16 on its 16-row chunks by
-    the same widths as 32-row ones (perf-log s10), also on layers with long runs; m <= 8 on the mma.sp kernel."""
+def test_hopper_runs_the_wgmma_sp_kernel() -> None:
+    """On compute capability 9.0 every m runs on the wgmma.sp kernel: 16-row chunks up to m = 16 (m <= 8 included,
+    perf-log s24) and 32-row ones up to m = 32 (perf-log o7), by 256 columns where 256-column strips fill most of the
+    GPU's block slots, else by 128 (the 16-row chunks also on layers with long runs, perf-log s10); 64-row ones up to
+    m = 64, by 256 columns on the warp-specialized kernel where those fill most of its one slot per SM (n = 4096
+    included, perf-log w10), else 64 x 128 tiles on the one-warpgroup kernel; above m = 64 the warp-specialized
+    kernel's 96-row tiles up to m = 96 (perf-log s23) and 128-row ones above, by 256 columns where those fill the GPU
+    (perf-log w8), else by 128 (each computing warpgroup on half of the rows, perf-log s12)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
     eight, short16, long16, least, most_wide, least64, wide, wide_4096, narrow, odd = (
@@ -132,7 +132,7 @@ def test_hopper_runs_the_wgmma_sp_kernel_above_8_rows() -> None:
         _kernels_launched(200, 512),
         _kernels_launched(97, 16384),
     )
-    assert "gemm24_kernel<" in eight and "gemm24_sm90_kernel" not in eight
+    assert "Sm90Cfg<128, 16>" in eight and "gemm24_kernel<" not in eight
     assert "Sm90Cfg<128, 16>" in short16
     assert "Sm90Cfg<256, 16>" in long16
     assert "Sm90Cfg<128, 32>" in least and "Sm90Cfg<256, 32>" in most_wide
