@@ -70,9 +70,9 @@ cudaError_t launch_choice(const Choice& c, bool grouped, const Params& p, int pa
 }
 
 // The mma.sp kernel's tiles (every m where the wgmma.sp kernel cannot run: GPUs other than Hopper, builds without
-// sm_90a): 8-row tiles of A by m (one 8-row tile at m <= 8: no work on rows that do not exist); 128-column blocks of 4 warps
-// at m <= 16 (three blocks per SM at 16 rows: 7B M = 16 -7% against 256-column blocks of 8 warps, one per SM;
-// perf-log s2, s4, q2), 256-column blocks of 8 warps above; two k32 rows per warp per stage where k allows; the
+// sm_90a): 8-row tiles of A by m (one 8-row tile at m <= 8: no work on rows that do not exist); 128-column blocks of
+// 4 warps at m <= 16 (three blocks per SM at 16 rows: 7B M = 16 -7% against 256-column blocks of 8 warps, one per
+// SM; perf-log s2, s4, q2), 256-column blocks of 8 warps above; two k32 rows per warp per stage where k allows; the
 // deepest ring that fits the shared memory.
 bool choose(int m, int n, int k, int smem_cap, Choice* out) {
   const int tt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
@@ -104,12 +104,11 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   // On an sm_90a build and a Hopper GPU the wgmma.sp kernel, by 256 columns or, on layers too narrow for those to
   // fill the GPU, 128 (the dense kernel's rule, sm90_cols64): 16-row chunks with 128-deep stages for m <= 16
   // (faster than the mma.sp kernel's on every layer measured at m = 9-16: s10; at m = 1-8 7B -5%, 70B level: s24),
-  // 32-row ones for m = 17-32 (half the 64-row
-  // chunks' tensor work: 7B / 70B -29%, perf-log o7), 64-row ones for m = 33-64, 96-row ones for m = 65-96 (a quarter
-  // less tensor and A-tile work than 128 rows, as the dense kernel's: perf-log s23) and 128-row ones above. From 96
-  // rows, and 64 rows by 256 columns, the warp-specialized kernel runs them, one block per SM (ws_tile; perf-log w8,
-  // s12, w10; the 64-row chunks' width counts those slots, so n = 4096 takes 256 columns there); narrower 64-row
-  // chunks on the one-warpgroup kernel, two blocks per SM.
+  // 32-row ones for m = 17-32 (half the 64-row chunks' tensor work: 7B / 70B -29%, perf-log o7), 64-row ones for
+  // m = 33-64, 96-row ones for m = 65-96 (a quarter less tensor and A-tile work than 128 rows, as the dense kernel's:
+  // perf-log s23) and 128-row ones above. From 96 rows, and 64 rows by 256 columns, the warp-specialized kernel runs
+  // them, one block per SM (ws_tile; perf-log w8, s12, w10; the 64-row chunks' width counts those slots, so n = 4096
+  // takes 256 columns there); narrower 64-row chunks on the one-warpgroup kernel, two blocks per SM.
   const int rows = g.m > 96 ? 128 : g.m > 64 ? 96 : g.m > 32 ? 64 : g.m > 16 ? 32 : 16;
   const int cols = detail::sm90_cols64(g.n, rows == 64 ? g.sms : g.sms * kMaxBlocksPerSm);
   const bool ws = ws_tile(rows, cols);

@@ -214,8 +214,8 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (
 }
 
 // d (64 x N, fp32) += a (64 x 32, 2:4 sparse: 64 x 16 kept values from registers + one metadata word) @ tile
-// (32 x N from shared memory, K-major), N = 16, 32, 48, 64, 96 or 128. SEL: which two threads of each group of four supply the
-// metadata (as in mma.sp m16n8k32, per warp of the warpgroup).
+// (32 x N from shared memory, K-major), N = 16, 32, 48, 64, 96 or 128. SEL: which two threads of each group of four
+// supply the metadata (as in mma.sp m16n8k32, per warp of the warpgroup).
 template <int N, int SEL>
 __device__ __forceinline__ void wgmma_sp_m64k32(float (&d)[N / 2], const uint32_t (&a)[4], uint32_t meta,
                                                 uint64_t desc) {
