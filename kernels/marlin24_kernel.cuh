@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 
   int ld_col = run.t_begin / k_tiles;
   int ld_kt = run.t_begin - ld_col * k_tiles;
-  auto load_stage = [&](int4* st, detail::Copies what) {  // as StageLoader::load<what>
+  auto load_stage = [&](int4* st, detail::Copies what) {  // as StageLoader::load
     const bool weights = what != detail::Copies::kActs, acts = what != detail::Copies::kWeights;
     int4* sa = st;
     int4* sb = sa + C::A_STAGE;

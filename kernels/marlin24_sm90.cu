@@ -110,12 +110,11 @@ struct Sm90Loader {
     return (C::A_STAGE * 4 + s * 256 + w * 64 + h * 32 + ((4 * g + t + 4 * h + 8 * w) & 31)) * 4;
   }
 
-  template <Copies WHAT = Copies::kAll>
-  __device__ __forceinline__ void load(uint32_t st) {
+  __device__ __forceinline__ void load(uint32_t st, Copies what = Copies::kAll) {
     const int tid = threadIdx.x - C::LOAD_TID0;
     const int row = ld_kt * C::KT;  // first k32 row of the tile
-    constexpr bool weights = WHAT != Copies::kActs, acts = WHAT != Copies::kWeights;
-    if constexpr (weights && C::WORD_MAJOR) {
+    const bool weights = what != Copies::kActs, acts = what != Copies::kWeights;
+    if (weights && C::WORD_MAJOR) {
       const uint32_t* b = reinterpret_cast<const uint32_t*>(p.b) + static_cast<int64_t>(row) * (2 * p.n) +
                           ld_col * (2 * C::W) + tid;
 #pragma unroll
@@ -124,32 +123,39 @@ struct Sm90Loader {
         for (int j = 0; j < B_WORDS; ++j) {
           cp_async4(st + b_word[j % 2] + (r * 2 * C::W + j / 2 * 256) * 4, b + r * 2 * p.n + T * j);
         }
-    } else if constexpr (weights) {
+    } else if (weights) {
       const int4* b = p.b + static_cast<int64_t>(row + tid / (C::W / 2)) * (p.n / 2) + ld_col * (C::W / 2) +
                       tid % (C::W / 2);
 #pragma unroll
       for (int i = 0; i < B_PER; ++i) cp_async16(st + b_dst + i * T * 16, b + i * B_ROWS * (p.n / 2));
     }
+    if (weights) {
 #pragma unroll
-    for (int i = 0; i < (weights ? M_PER : 0); ++i) {
-      if (C::M_STAGE >= T || tid < C::M_STAGE) {  // fewer chunks than threads: one pass, some threads
-        cp_async16(st + m_dst + i * T * 16,
-                   p.meta + static_cast<int64_t>(row + i * M_ROWS) * (p.n / 4) + ld_col * (C::W / 4) + m_src);
+      for (int i = 0; i < M_PER; ++i) {
+        if (C::M_STAGE >= T || tid < C::M_STAGE) {  // fewer chunks than threads: one pass, some threads
+          cp_async16(st + m_dst + i * T * 16,
+                     p.meta + static_cast<int64_t>(row + i * M_ROWS) * (p.n / 4) + ld_col * (C::W / 4) + m_src);
+        }
       }
     }
+    if (acts && !C::A_TMA) {
 #pragma unroll
-    for (int pn = 0; pn < (C::A_TMA || !acts ? 0 : PANELS); ++pn)
+      for (int pn = 0; pn < PANELS; ++pn)
 #pragma unroll
-      for (int q = 0; q < C::R / 16; ++q) {
-        const bool real = 16 * q < a_rows;  // rows past m: zero-filled, the source clamped to row 0
-        cp_async16_zfill(st + a_dst + (pn * C::R + 16 * q) * 128,
-                         a_g + ld_kt * C::A_CHUNKS + 8 * pn + (real ? a_src + 16 * q * (p.k / 8) : 0), real ? 16 : 0);
-      }
+        for (int q = 0; q < C::R / 16; ++q) {
+          const bool real = 16 * q < a_rows;  // rows past m: zero-filled, the source clamped to row 0
+          cp_async16_zfill(st + a_dst + (pn * C::R + 16 * q) * 128,
+                           a_g + ld_kt * C::A_CHUNKS + 8 * pn + (real ? a_src + 16 * q * (p.k / 8) : 0),
+                           real ? 16 : 0);
+        }
+    }
+    if (weights) {
 #pragma unroll
-    for (int i = 0; i < (weights ? S_PER : 0); ++i) {
-      if (s_copy[i]) {
-        cp_async16(st + s_dst + i * T * 16, p.s + static_cast<int64_t>((row >> p.lg_group) + i * S_ROWS) *
-                                                                (p.n / 8) + ld_col * (C::W / 8) + s_src);
+      for (int i = 0; i < S_PER; ++i) {
+        if (s_copy[i]) {
+          cp_async16(st + s_dst + i * T * 16, p.s + static_cast<int64_t>((row >> p.lg_group) + i * S_ROWS) *
+                                                                  (p.n / 8) + ld_col * (C::W / 8) + s_src);
+        }
       }
     }
     if (!acts) return;  // the tile stays next

@@ -388,22 +388,23 @@ struct StageLoader {
     ld_g8 = ld_kt * s_stage_rows;
   }
 
-  // Issues the copies (WHAT) of the next tile into the stage at shared-memory address st, then (but for kWeights)
+  // Issues the copies `what` of the next tile into the stage at shared-memory address st, then (but for kWeights)
   // moves to the tile after.
-  template <Copies WHAT = Copies::kAll>
-  __device__ __forceinline__ void load(uint32_t st) {
+  __device__ __forceinline__ void load(uint32_t st, Copies what = Copies::kAll) {
     const int tid = threadIdx.x;
-    constexpr bool weights = WHAT != Copies::kActs, acts = WHAT != Copies::kWeights;
+    const bool weights = what != Copies::kActs, acts = what != Copies::kWeights;
+    if (weights) {
 #pragma unroll
-    for (int i = 0; i < (weights ? C::B_STAGE / C::THREADS : 0); ++i) {
-      cp_async16(st + b_dst + i * C::THREADS * 16, ld_b + i * b_pass);
+      for (int i = 0; i < C::B_STAGE / C::THREADS; ++i) cp_async16(st + b_dst + i * C::THREADS * 16, ld_b + i * b_pass);
     }
+    if (acts) {
 #pragma unroll
-    for (int i = 0; i < (acts ? A_PER : 0); ++i) {
-      if (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE) {
-        const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
-        cp_async16_zfill(st + a_dst + i * A_PASS, a_g + (ld_a + (real ? a_src + i * a_pass : 0)),
-                         real ? 16 : 0);
+      for (int i = 0; i < A_PER; ++i) {
+        if (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE) {
+          const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
+          cp_async16_zfill(st + a_dst + i * A_PASS, a_g + (ld_a + (real ? a_src + i * a_pass : 0)),
+                           real ? 16 : 0);
+        }
       }
     }
     if (weights && s_copy) cp_async16(st + s_dst, ld_s + (ld_g8 >> 3) * s_row);  // int: below the scales' int4 count
@@ -713,18 +714,10 @@ __device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, bool early
   cp_async_wait<0>();
 }
 
-// pipeline()'s load(st, what) for a loader with load<Copies>(st).
+// pipeline()'s load(st, what) for a loader with load(st, what).
 template <class L>
 __device__ __forceinline__ auto loader_load(L& loader) {
-  return [&loader](uint32_t st, Copies what) {
-    if (what == Copies::kWeights) {
-      loader.template load<Copies::kWeights>(st);
-    } else if (what == Copies::kActs) {
-      loader.template load<Copies::kActs>(st);
-    } else {
-      loader.load(st);
-    }
-  };
+  return [&loader](uint32_t st, Copies what) { loader.load(st, what); };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
