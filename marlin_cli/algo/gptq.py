@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
-
 import torch
 
 from marlin_cli import grid
 from marlin_cli.algo.result import QuantResult
-from marlin_cli.algo.scales import group_scales
+from marlin_cli.algo.scales import absmax, clip_candidates, group_scales
 from marlin_cli.config import ActOrder, QuantConfig
 from marlin_cli.errors import NumericalError
 
@@ -26,6 +24,9 @@ DAMP_RETRIES = 3  # each retry multiplies the damping by 10
 PRUNE_M = 4  # 2:4 sparsity: 2 of every 4 consecutive input columns are kept in each row
 
 KEEP = 2  # of every PRUNE_M
+# Rows (of one group's columns) that search_scales runs through one column loop, rows times candidates: bounds its
+# temporaries (weights, errors: 64 MB each on a GPU at 128 columns) while keeping the torch loop's steps few.
+SEARCH_ROWS = {"cuda": 1 << 17, "cpu": 1 << 14}
 
 # (first column j, the current weights (N, 4) of columns j..j+3, U's diagonal (4,) there) -> pruned mask bool (N, 4)
 Prune = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -119,6 +120,32 @@ def _columns(
     codes[:, c0:c1] = (steps + grid.ZERO).to(torch.uint8)
 
 
+def search_scales(group: torch.Tensor, upper: torch.Tensor, loop: ColumnLoop, prune: Prune | None) -> torch.Tensor:
+    """--clip for a group whose scales are set as it starts (act-order group or none): each row's scale among
+    `clip_candidates` with the least GPTQ error on the group's own columns (the sum of their squared column errors),
+    by running the solve's column loop on every candidate at once, one row per row and candidate.
+
+    group: (N, g) weights as updated so far; upper: U's (g, g) diagonal block there; prune: the solve's rule, a
+    FixedMask's columns those of the group. The error the group passes on to later columns is not counted.
+    """
+    n, g = group.shape
+    candidates = clip_candidates(absmax(group, 1))  # (F, N)
+    f = len(candidates)
+    upper = upper.contiguous()
+    scales = torch.empty(n, dtype=group.dtype, device=group.device)
+    rows = max(1, SEARCH_ROWS.get(group.device.type, SEARCH_ROWS["cpu"]) // f)
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        w = group[r0:r1].repeat(f, 1)  # candidate-major: candidate i's rows at i * (r1 - r0)
+        codes = torch.empty(w.shape, dtype=torch.uint8, device=w.device)
+        errors = torch.empty_like(w)
+        rule = FixedMask(prune.keep[r0:r1].repeat(f, 1)) if isinstance(prune, FixedMask) else prune
+        loop(w, upper, candidates[:, r0:r1].reshape(-1), False, codes, errors, 0, 0, g, g, rule)
+        loss = errors.square_().sum(1).view(f, r1 - r0)
+        scales[r0:r1] = candidates[:, r0:r1].gather(0, loss.argmin(0, keepdim=True))[0]  # the first of equal losses
+    return scales
+
+
 def gptq(
     weight: torch.Tensor,
     hessian: torch.Tensor,
@@ -147,22 +174,32 @@ def gptq(
     h[dead, dead] = 1
     w[:, dead] = 0
 
-    # Static act-order and per-channel scales are fixed up front, on the original contiguous groups.
-    fixed = group_scales(w, cfg.group_size, h, cfg.clip) if cfg.act_order is ActOrder.STATIC or g == k else None
     perm = None if cfg.act_order is ActOrder.NONE else torch.argsort(torch.diag(h), descending=True)
-    col_scale = None if fixed is None else fixed.repeat_interleave(g, dim=1)  # (N, K): each column's scale
     if perm is not None:
-        w, h = w[:, perm], h[perm][:, perm]
-        col_scale = None if col_scale is None else col_scale[:, perm]
+        h = h[perm][:, perm]
     upper, damp = inverse_cholesky(h, cfg.damp)
     lam = damp * torch.diag(h).mean()  # the damping inverse_cholesky added to the diagonal
+    del h  # the scales' search needs U alone
+
+    # Static act-order and per-channel scales are fixed up front, on the original contiguous groups. --clip weighs
+    # each column's rounding error by what the solve charges for it, 1 / U_jj^2 (its column error is d / U_jj).
+    fixed = None
+    if cfg.act_order is ActOrder.STATIC or g == k:
+        costs = upper.diagonal().square().reciprocal() if cfg.clip else None
+        if costs is not None and perm is not None:
+            costs = torch.empty_like(costs).index_copy_(0, perm, costs)  # to the natural order
+        fixed = group_scales(w, cfg.group_size, costs, cfg.clip)
+    col_scale = None if fixed is None else fixed.repeat_interleave(g, dim=1)  # (N, K): each column's scale
+    if perm is not None:
+        w = w[:, perm]
+        col_scale = None if col_scale is None else col_scale[:, perm]
 
     codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
     found: list[torch.Tensor] = []  # group scales fixed as each group starts (dynamic groups)
     error_sq = torch.zeros((), dtype=dtype, device=w.device)  # sum of the squared column errors (weighted_error)
-    loop = partial(_columns, prune=prune)
+    loop: ColumnLoop = _columns
     if columns is not None and (prune is None or prune is saliency_prune or isinstance(prune, FixedMask)):
-        loop, w, upper = partial(columns, prune=prune), w.contiguous(), upper.contiguous()
+        loop, w, upper = columns, w.contiguous(), upper.contiguous()
     for i1 in range(0, k, cfg.block_size):
         i2 = min(i1 + cfg.block_size, k)
         errors = torch.empty(n, i2 - i1, dtype=dtype, device=w.device)
@@ -173,9 +210,14 @@ def gptq(
             c1 = min(c0 + step, i2)
             s = col_scale
             if s is None:
-                s = group_scales(w[:, c0 : c0 + g], -1, h[c0 : c0 + g, c0 : c0 + g], cfg.clip)[:, 0]
+                group = w[:, c0 : c0 + g]
+                if cfg.clip:
+                    rule = FixedMask(prune.keep[:, c0 : c0 + g]) if isinstance(prune, FixedMask) else prune
+                    s = search_scales(group, upper[c0 : c0 + g, c0 : c0 + g], loop, rule)
+                else:
+                    s = group_scales(group, -1, None, False)[:, 0]
                 found.append(s)
-            loop(w, upper, s, col_scale is not None, codes, errors, i1, c0, c1, i2)
+            loop(w, upper, s, col_scale is not None, codes, errors, i1, c0, c1, i2, prune)
         w[:, i2:].sub_(errors @ upper[i1:i2, i2:])
         error_sq += errors.square().sum()
 
@@ -194,7 +236,7 @@ def gptq(
     # and U has no entries off the diagonal in their rows and columns), whose rows and columns of the given H are zero.
     # That leaves the given H's error as ||E||^2 - lambda ||dW||^2, which spares the report (pipeline) one N x K x K
     # product.
-    del w, h, upper  # the working copies: one N x K more below
+    del w, upper  # the working copies: one N x K more below
     change = result.weight().to(dtype).sub_(weight)
     change[:, dead] = 0
     return replace(result, weighted_error=float(error_sq - lam * torch.linalg.vector_norm(change).square()))
