@@ -2,9 +2,9 @@
 embedded calibration corpus, measured on held-out text (tests/minilm_eval.py says how).
 
 Issue 2 asks for summed error <= 0.27x RTN and cosine >= 0.981 with default options, and <= 0.24x and >= 0.985 with
---clip. The error thresholds are what this implementation reaches today (0.338-0.339, 0.261) with a small margin,
-and the gap to the issue's is recorded in the issue. The --clip cosine threshold is the issue's (reached: 0.9865,
-0.9866). The default recipe's cosine measures 0.9810-0.9816 depending on the machine and its thread count (float32
+--clip. The --clip thresholds are the issue's (`--clip --act-order group` reaches 0.2355x and 0.9877). The default's
+error threshold is what this implementation reaches (0.338-0.339) with a small margin; the gap to the issue's is
+recorded in the issue and docs/gptq-log.md. The default recipe's cosine measures 0.9810-0.9816 depending on the machine and its thread count (float32
 reduction order moves which weights round which way: 0.9810 with two threads and 0.9811 with one on an AMD EPYC,
 0.9812-0.9816 where it was measured before), so the issue's 0.981 sits inside that spread and the test guards 0.980.
 """
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 RECIPES = {
     "default": ([], 0.35, 0.980),  # extra flags, max summed error vs RTN, min mean embedding cosine
-    "clip+group": (["--clip", "--act-order", "group"], 0.275, 0.985),
+    "clip+group": (["--clip", "--act-order", "group"], 0.24, 0.985),
 }
 
 

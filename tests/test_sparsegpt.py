@@ -24,18 +24,21 @@ def assert_two_of_four(codes: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+@pytest.mark.parametrize("clip", [False, True])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_same_codes_scales_and_mask_as_the_papers_algorithm(group_size: int, seed: int) -> None:
+def test_same_codes_scales_and_mask_as_the_papers_algorithm(group_size: int, clip: bool, seed: int) -> None:
     w, h = correlated_problem(48, 256, seed)
-    want_codes, want_scales, want_pruned = reference_sparsegpt(w, h, group_size)
+    want_codes, want_scales, want_pruned = reference_sparsegpt(w, h, group_size, clip=clip)
     masks: list[torch.Tensor] = []
 
     def recording(j: int, cols: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        masks.append(saliency_prune(j, cols, d))
-        return masks[-1]
+        mask = saliency_prune(j, cols, d)
+        if len(cols) == len(w):  # the solve's rows, not the --clip search's rows x candidates
+            masks.append(mask)
+        return mask
 
     # blocks narrower than K: lazy batch updates must reproduce the column-by-column algorithm exactly (float64)
-    cfg = QuantConfig(group_size=group_size, block_size=max(64, group_size), **SPARSE)
+    cfg = QuantConfig(group_size=group_size, block_size=max(64, group_size), clip=clip, **SPARSE)
     got = gptq(w, h, cfg, recording)
     codes, scales = stored_to_natural(got)
     assert torch.equal(torch.cat(masks, dim=1), want_pruned)
