@@ -1,6 +1,7 @@
 """Time GPTQ on the GPU on Llama-sized layers: Hessian accumulation over 262,144 tokens (from float32 inputs and from
 fp16 ones), then the solve (plain, with --clip, and SparseGPT's 2:4 solve), its column loop in torch and on the CUDA
-kernel (kernels/gptq.cu), in one process. Prints a table next to the reference figures of DESIGN.md section 7, and
+kernel (kernels/gptq.cu), and `--clip --act-order group` on the kernel (its search runs the loop on every candidate
+scale of every group), in one process. Prints a table next to the reference figures of DESIGN.md section 7, and
 how many codes the two loops give alike.
 
 Run on a GPU machine: python3 scripts/bench_gptq.py
@@ -40,7 +41,8 @@ def timed(fn) -> tuple[float, object]:  # noqa: ANN001
 
 def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
     """Seconds for the Hessian over TOKENS tokens (from float32, then from fp16 inputs), then the solve, the solve
-    with clipping and SparseGPT's solve, each on the torch loop and on the kernel, then the report's two
+    with clipping and SparseGPT's solve, each on the torch loop and on the kernel, the solve with clipping and
+    act-order group on the kernel, then the report's two
     Hessian-weighted products (the weights' own and RTN's error; GPTQ's comes with its solve); last, the fraction of
     codes both loops give alike (default settings)."""
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -58,6 +60,8 @@ def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
             t, r = timed(lambda cfg=cfg, columns=columns: gptq(w, h.matrix, cfg, columns=columns))
             times.append(t)
             results.append(r)
+    group_clip = QuantConfig(clip=True, act_order="group")
+    times.append(timed(lambda: gptq(w, h.matrix, group_clip, columns=ops.gptq_block))[0])
     for columns in (None, ops.gptq_block):  # SparseGPT: 2:4 pruning in the same loop
         times.append(timed(lambda columns=columns: sparsegpt(w, h.matrix, QuantConfig(sparse24=True), columns))[0])
     deltas = (w, w - rtn(w, 128).weight())  # the report's products, as in the pipeline
@@ -68,12 +72,12 @@ def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
 def main() -> None:
     dev = torch.device("cuda")
     bench_shape(1024, 1024, dev)  # warm-up: CUDA context, cuSOLVER handles, the kernels' build
-    head = ("H fp32 in", "fp16 in", "ref", "solve torch", "kernel", "ref", "clip torch", "kernel", "ref")
+    head = ("H fp32 in", "fp16 in", "ref", "solve torch", "kernel", "ref", "clip torch", "kernel", "ref", "clip+group")
     head += ("2:4 torch", "kernel", "report")
     print(f"{'K x N':>14} " + " ".join(f"{h:>11}" for h in head) + f" {'same codes':>11}")
     for (k, n), (ref_h, ref_s, ref_c) in SHAPES.items():
-        t_h32, t_h, t_s, t_sk, t_c, t_ck, t_p, t_pk, t_r, same = bench_shape(k, n, dev)
-        row = (t_h32, t_h, ref_h, t_s, t_sk, ref_s, t_c, t_ck, ref_c, t_p, t_pk, t_r)
+        t_h32, t_h, t_s, t_sk, t_c, t_ck, t_g, t_p, t_pk, t_r, same = bench_shape(k, n, dev)
+        row = (t_h32, t_h, ref_h, t_s, t_sk, ref_s, t_c, t_ck, ref_c, t_g, t_p, t_pk, t_r)
         print(f"{k:>6} x {n:<6} " + " ".join(f"{v:11.3f}" for v in row) + f" {same:11.4%}")
         torch.cuda.empty_cache()
 
