@@ -43,7 +43,7 @@ class QuantConfig:
     act_order: ActOrder = None  # type: ignore[assignment]  # resolved below: static, or none with sparse24
     method: Method = Method.GPTQ
     damp: float = 0.01  # fraction of the mean Hessian diagonal added to the diagonal
-    clip: bool = False  # Hessian-weighted search over shrunken group scales
+    clip: bool = False  # search over shrunken group scales by the solve's own error (algo.gptq)
     block_size: int = 128  # GPTQ lazy-batch width (columns)
     sparse24: bool = False  # prune to 2:4 (2 of every 4 consecutive input weights kept) and store the 2:4 layout
 

@@ -1,4 +1,5 @@
-"""Group scales on the 4-bit grid: absmax, and the Hessian-weighted clipping search."""
+"""Group scales on the 4-bit grid: absmax, and the clipping search over shrunken scales (plain or per-column weighted
+squared error; GPTQ's grouped search, which runs its column loop on these candidates, is algo.gptq.search_scales)."""
 
 from __future__ import annotations
 

@@ -68,7 +68,11 @@ def quantize_command(
     ] = None,
     clip: Annotated[
         bool | None,
-        typer.Option("--clip/--no-clip", help="Search shrunken scales by Hessian-weighted error. \\[default: off]"),
+        typer.Option(
+            "--clip/--no-clip",
+            help="Search shrunken scales by GPTQ's own error (with --act-order group or none each group's candidate "
+            "scales run the solve over it: the most accurate recipe with --act-order group). \\[default: off]",
+        ),
     ] = None,
     damp: Annotated[
         float | None,
