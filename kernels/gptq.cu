@@ -1,85 +1,89 @@
 // The GPTQ column loop of one block of columns on the GPU (marlin_cli/algo/gptq.py is the definition; its torch loop
 // launches about eight small kernels per column, which bounds the solve by launch latency).
 //
-// Rows are independent inside the loop: each warp takes one row and holds its columns [c0, c2) in registers, four
-// per lane (column c0 + t on lane t % 32, register t / 32). Per column, the owning lane rounds the weight to the
-// grid, divides the error by U's diagonal and stores code and error; one shuffle hands the error to the warp, and
-// every lane updates its later columns with one fma each. The arithmetic is the torch loop's, step for step, in
-// fp32 with explicit rounding (w / s, round half to even, clamp; (w - q * s) / U_jj; w - err * U_jc as one fma, as
-// torch's outer-product update compiles), so both paths agree to the last bit except where ptxas or torch round
-// differently. With 2:4 pruning the four columns a decision covers sit on four neighbouring lanes (c0 and the
-// decision's column are multiples of 4), which trade their saliencies by shuffles.
+// Rows are independent inside the loop: each thread takes one row. A block's rows sit in shared memory column by
+// column (kRowsPerBlock + 1 words apart: a warp's 32 rows of one column hit 32 banks, and so do the block's
+// coalesced copies in and out, which walk a row's columns). Per column a thread rounds its weight to the grid,
+// divides the error by U's diagonal, keeps code and error in shared memory (the error where the weight was) and
+// updates its later columns with one fma each, reading U's row once per warp (every lane reads the same word). The
+// arithmetic is the torch loop's, step for step, in fp32 with explicit rounding (w / s, round half to even, clamp;
+// (w - q * s) / U_jj; w - err * U_jc as one fma, as torch's outer-product update compiles), so both paths agree to
+// the last bit except where ptxas or torch round differently. A warp per row (the first form of this kernel) spent
+// its issue slots on the one lane that owned each column: --clip's search, which runs this loop on every candidate
+// scale of a group, was issue-bound there (docs/gptq-log.md c3).
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_80,code=sm_80 -c kernels/gptq.cu
 #include "gptq.h"
 
 namespace marlin_cli {
 namespace {
 
-constexpr int kWarpsPerBlock = 8;
-constexpr int kSlots = kGptqMaxCols / 32;
+constexpr int kRowsPerBlock = 64;
+constexpr int kPitch = kRowsPerBlock + 1;  // words between a block's columns in shared memory
 
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) gptq_block_kernel(const GptqBlockArgs p) {
-  const int lane = threadIdx.x % 32;
-  const int r = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
-  if (r >= p.n) return;  // whole warps: r is uniform within a warp
+__global__ void __launch_bounds__(kRowsPerBlock) gptq_block_kernel(const GptqBlockArgs p) {
+  __shared__ float x[kGptqMaxCols * kPitch];            // column c of block row i at x[c * kPitch + i]
+  __shared__ uint8_t codes[kGptqMaxCols * kRowsPerBlock];  // column c of block row i at codes[c * 64 + i]
+  const int row0 = blockIdx.x * kRowsPerBlock;
+  const int rows = min(kRowsPerBlock, p.n - row0);
   const int width = p.c2 - p.c0, cols = p.c1 - p.c0;
-  float* w = p.w + static_cast<int64_t>(r) * p.k + p.c0;
-  float x[kSlots];
-#pragma unroll
-  for (int i = 0; i < kSlots; ++i) {
-    const int t = lane + 32 * i;
-    x[i] = t < width ? w[t] : 0.f;
+  for (int e = threadIdx.x; e < rows * width; e += kRowsPerBlock) {  // coalesced: a row's columns in order
+    const int i = e / width, c = e % width;
+    x[c * kPitch + i] = p.w[static_cast<int64_t>(row0 + i) * p.k + p.c0 + c];
   }
-  const float* s = p.s + r * p.s_row;
-  bool dropped = false;  // this lane's column in the current 4-column decision is pruned (kPruneSaliency)
-#pragma unroll
-  for (int slot = 0; slot < kSlots; ++slot) {
-#pragma unroll 1
-    for (int owner = 0; owner < 32; ++owner) {
-      const int t = 32 * slot + owner;
-      if (t >= cols) break;
+  __syncthreads();
+
+  const int i = threadIdx.x;
+  if (i < rows) {
+    const int64_t r = row0 + i;
+    const float* s = p.s + r * p.s_row;
+    unsigned dropped = 0;  // bit b: column t + b of the current 4-column decision is pruned
+    for (int t = 0; t < cols; ++t) {
       const int j = p.c0 + t;
       const float* u = p.u + static_cast<int64_t>(j) * p.k + p.c0;  // row j of U, from column c0
       if (p.prune == kPruneSaliency && t % 4 == 0) {
-        // lanes owner .. owner + 3 hold columns t .. t + 3: each ranks its w^2 / d^2 among the four (ties: lower
-        // column first) and the two smallest are dropped, as torch.topk(..., 2, largest=False) picks them
-        float cost = 0.f;
-        if ((lane & ~3) == owner && t + (lane & 3) < width) {
-          const float d = __ldg(u + t + (lane & 3) * (p.k + 1));  // U's diagonal at column j + lane % 4
-          cost = __fdiv_rn(__fmul_rn(x[slot], x[slot]), __fmul_rn(d, d));
-        }
-        int rank = 0;
+        // the two of columns t .. t + 3 with the smallest w^2 / d^2 are dropped (ties: lower column first), as
+        // torch.topk(..., 2, largest=False) picks them
+        float cost[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float other = __shfl_sync(0xffffffffu, cost, (lane & ~3) | i);
-          rank += other < cost || (other == cost && i < (lane & 3));
+        for (int b = 0; b < 4; ++b) {
+          const float v = t + b < width ? x[(t + b) * kPitch + i] : 0.f;
+          const float d = t + b < width ? __ldg(u + t + b * (p.k + 1)) : 1.f;  // U's diagonal at column j + b
+          cost[b] = t + b < width ? __fdiv_rn(__fmul_rn(v, v), __fmul_rn(d, d)) : 0.f;
         }
-        dropped = rank < 2;
-      }
-      float err = 0.f;
-      if (lane == owner) {
-        const float v = x[slot], sc = s[j * p.s_col];
-        float q = fminf(fmaxf(rintf(__fdiv_rn(v, sc)), -8.f), 7.f);
-        if ((p.prune == kPruneSaliency && dropped) ||
-            (p.prune == kPruneMask && !p.keep[static_cast<int64_t>(r) * p.k + j])) {
-          q = 0.f;
-        }
-        err = __fdiv_rn(__fsub_rn(v, __fmul_rn(q, sc)), u[t]);
-        p.codes[static_cast<int64_t>(r) * p.k + j] = static_cast<uint8_t>(static_cast<int>(q) + 8);
-        p.errors[r * p.e_row + j - p.e0] = err;
-      }
-      err = __shfl_sync(0xffffffffu, err, owner);
+        dropped = 0;
 #pragma unroll
-      for (int i = 0; i < kSlots; ++i) {
-        const int c = lane + 32 * i;
-        if (c > t && c < width) x[i] = fmaf(-err, __ldg(u + c), x[i]);
+        for (int b = 0; b < 4; ++b) {
+          int rank = 0;
+#pragma unroll
+          for (int o = 0; o < 4; ++o) rank += cost[o] < cost[b] || (cost[o] == cost[b] && o < b);
+          dropped |= static_cast<unsigned>(rank < 2) << b;
+        }
       }
+      float* xt = x + t * kPitch + i;
+      const float v = *xt, sc = s[j * p.s_col];
+      float q = fminf(fmaxf(rintf(__fdiv_rn(v, sc)), -8.f), 7.f);
+      if ((p.prune == kPruneSaliency && (dropped >> (t % 4) & 1)) ||
+          (p.prune == kPruneMask && !p.keep[r * p.k + j])) {
+        q = 0.f;
+      }
+      const float err = __fdiv_rn(__fsub_rn(v, __fmul_rn(q, sc)), __ldg(u + t));
+      codes[t * kRowsPerBlock + i] = static_cast<uint8_t>(static_cast<int>(q) + 8);
+      *xt = err;  // the weight is done with: its slot keeps the error
+#pragma unroll 16
+      for (int c = t + 1; c < width; ++c) x[c * kPitch + i] = fmaf(-err, __ldg(u + c), x[c * kPitch + i]);
     }
   }
-#pragma unroll
-  for (int i = 0; i < kSlots; ++i) {
-    const int t = lane + 32 * i;
-    if (t >= cols && t < width) w[t] = x[i];
+  __syncthreads();
+
+  for (int e = threadIdx.x; e < rows * width; e += kRowsPerBlock) {  // codes and errors of [c0, c1), weights after
+    const int ri = e / width, c = e % width;
+    const int64_t r = row0 + ri;
+    if (c < cols) {
+      p.codes[r * p.k + p.c0 + c] = codes[c * kRowsPerBlock + ri];
+      p.errors[r * p.e_row + p.c0 + c - p.e0] = x[c * kPitch + ri];
+    } else {
+      p.w[r * p.k + p.c0 + c] = x[c * kPitch + ri];
+    }
   }
 }
 
@@ -90,8 +94,8 @@ cudaError_t gptq_block(const GptqBlockArgs& p, cudaStream_t stream) {
       (p.prune != kPruneNone && (p.c0 % 4 || (p.prune == kPruneMask && p.keep == nullptr)))) {
     return cudaErrorInvalidValue;
   }
-  const int blocks = (p.n + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  gptq_block_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(p);
+  const int blocks = (p.n + kRowsPerBlock - 1) / kRowsPerBlock;
+  gptq_block_kernel<<<blocks, kRowsPerBlock, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
