@@ -68,6 +68,30 @@ def test_one_launch_matches_the_torch_loop(prune: str, per_column: bool, c0: int
     assert torch.equal(w_k[:, :c0], w_t[:, :c0]) and torch.equal(w_k[:, c2:], w_t[:, c2:])  # untouched
 
 
+@pytest.mark.parametrize("prune", ["none", "saliency", "mask"])
+@pytest.mark.parametrize(("c0", "c1", "c2"), [(0, 128, 128), (64, 96, 192), (0, 6, 8)])
+def test_rows_alike_for_every_threads_per_row(prune: str, c0: int, c1: int, c2: int) -> None:
+    """The kernel gives a row 1, 2, 4 or 8 threads as the rows are many or few (20000, 12000, 5000, 300 rows here);
+    a row's loop depends on that row alone, so the first rows of each problem must come out bit for bit alike."""
+    sizes = (20000, 12000, 5000, 300)
+    w, h = correlated_problem(sizes[0], 256, seed=c1)
+    upper = inverse_cholesky(h, 0.01)[0].contiguous()
+    keep = magnitude_mask(w)
+    s = (w.abs().amax(dim=1) / 7.5).contiguous()
+    outs = []
+    for n in sizes:
+        rule = {"none": None, "saliency": saliency_prune, "mask": FixedMask(keep[:n].contiguous())}[prune]
+        wi = w[:n].clone()
+        codes = torch.full((n, 256), 0xEE, dtype=torch.uint8, device="cuda")  # poisoned: unwritten codes show
+        errors = torch.full((n, c2 - c0), float("nan"), device="cuda")
+        ops.gptq_block(wi, upper, s[:n].clone(), False, codes, errors, c0, c0, c1, c2, rule)
+        assert torch.isfinite(errors[:, : c1 - c0]).all() and int(codes[:, c0:c1].max()) <= 15
+        outs.append((wi[: sizes[-1]], codes[: sizes[-1]], errors[: sizes[-1], : c1 - c0]))
+    for n, out in zip(sizes[1:], outs[1:]):
+        for name, got, want in zip(("weights", "codes", "errors"), out, outs[0]):
+            assert torch.equal(got, want), f"{name} of {n} rows differ from the same rows of {sizes[0]}"
+
+
 @pytest.mark.parametrize("act_order", ["none", "static", "group"])
 @pytest.mark.parametrize(("group_size", "clip"), [(-1, False), (32, True), (64, False), (128, False), (128, True)])
 def test_gptq_on_the_kernel_matches_the_torch_loop(act_order: str, group_size: int, clip: bool) -> None:
