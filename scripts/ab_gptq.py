@@ -14,7 +14,6 @@ order.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import sys
 from pathlib import Path
 
@@ -24,10 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from ab_kernels import _build, _library  # noqa: E402
+from ab_kernels import load_builds  # noqa: E402
 
 from marlin_cli.algo.gptq import SEARCH_ROWS, inverse_cholesky  # noqa: E402
-from marlin_cli.kernel import build  # noqa: E402
 
 COLS = 128
 # (name, rows n, K, one block): a solve pass is K / 128 launches over the layer (the search's, one launch with
@@ -65,14 +63,8 @@ def main() -> None:
     parser.add_argument("dirs", nargs="+", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    names = [d.resolve().name for d in args.dirs]
-    build.build_kernels()
-    with multiprocessing.get_context("spawn").Pool(len(names)) as pool:
-        for name in pool.imap_unordered(_build, [(str(d), n) for d, n in zip(args.dirs, names)]):
-            print(f"built {name}", flush=True)
-    for name in names:
-        torch.ops.load_library(str(_library(name)))
-    builds = {"current": torch.ops.marlin_cli, **{n: getattr(torch.ops, f"marlin_cli_{n}") for n in names}}
+    builds = load_builds(args.dirs)
+    names = list(builds)[1:]
 
     times: dict[tuple[str, str], list[float]] = {}
     for case, n, k, one in CASES:

@@ -63,6 +63,20 @@ def _build(args: tuple[str, str]) -> str:
     return name
 
 
+def load_builds(dirs: list[Path]) -> dict[str, object]:
+    """The current kernels and each variant directory's, compiled in parallel and loaded, by name ("current" first)."""
+    names = [d.resolve().name for d in dirs]
+    if len(set(names)) != len(names) or not all(n.isidentifier() for n in names):
+        sys.exit("variant directories need distinct names that are identifiers (they name the op namespaces)")
+    build.build_kernels()  # the current kernels, namespace marlin_cli
+    with multiprocessing.get_context("spawn").Pool(len(names)) as pool:
+        for name in pool.imap_unordered(_build, [(str(d), n) for d, n in zip(dirs, names)]):
+            print(f"built {name}", flush=True)
+    for name in names:
+        torch.ops.load_library(str(_library(name)))
+    return {"current": torch.ops.marlin_cli, **{n: getattr(torch.ops, f"marlin_cli_{n}") for n in names}}
+
+
 def launch(ops_ns: object, kind: str, a: torch.Tensor, weights: tuple, ws: torch.Tensor) -> torch.Tensor:
     """One product through a build's ops (torch.ops.marlin_cli or a variant's namespace)."""
     return ops_ns.gemm(a, *weights, None, ws) if kind == "dense" else ops_ns.gemm24(a, *weights, ws)
@@ -89,16 +103,8 @@ def main() -> None:
         "subtracted), as the bench's 'alone' column",
     )
     args = parser.parse_args()
-    names = [d.resolve().name for d in args.dirs]
-    if len(set(names)) != len(names) or not all(n.isidentifier() for n in names):
-        sys.exit("variant directories need distinct names that are identifiers (they name the op namespaces)")
-    build.build_kernels()  # the current kernels, namespace marlin_cli
-    with multiprocessing.get_context("spawn").Pool(len(names)) as pool:
-        for name in pool.imap_unordered(_build, [(str(d), n) for d, n in zip(args.dirs, names)]):
-            print(f"built {name}", flush=True)
-    for name in names:
-        torch.ops.load_library(str(_library(name)))
-    builds = {"current": torch.ops.marlin_cli, **{n: getattr(torch.ops, f"marlin_cli_{n}") for n in names}}
+    builds = load_builds(args.dirs)
+    names = list(builds)[1:]
 
     sets = {s: SETS[s] for s in args.sets.split(",") if s}
     if args.shapes:
