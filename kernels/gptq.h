@@ -8,7 +8,7 @@
 
 namespace marlin_cli {
 
-constexpr int kGptqMaxCols = 128;  // columns [c0, c2) one launch holds per row: four per lane of a warp
+constexpr int kGptqMaxCols = 128;  // columns [c0, c2) one launch holds per row
 
 struct GptqBlockArgs {
   float* w;            // (n, k) row-major: columns [c0, c2) are read, columns [c1, c2) written back updated
