@@ -237,7 +237,7 @@ def gptq(
                     s = group_scales(group, -1, None, False)[:, 0]
                 found.append(s)
             loop(w, upper, s, col_scale is not None, codes, errors, i1, c0, c1, i2, prune)
-        w[:, i2:].sub_(errors @ upper[i1:i2, i2:])
+        w[:, i2:].addmm_(errors, upper[i1:i2, i2:], alpha=-1)
         error_sq += errors.square().sum()
 
     if cfg.act_order is ActOrder.STATIC:
