@@ -43,8 +43,9 @@ def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
     """Seconds for the Hessian over TOKENS tokens (from float32, then from fp16 inputs), then the solve, the solve
     with clipping and SparseGPT's solve, each on the torch loop and on the kernel, the solve with clipping and
     act-order group on the kernel, then the report's two
-    Hessian-weighted products (the weights' own and RTN's error; GPTQ's comes with its solve); last, the fraction of
-    codes both loops give alike (default settings)."""
+    Hessian-weighted products (the weights' own and RTN's error, in TF32; GPTQ's comes with its solve); then how far
+    the reported RTN error is from its float64 value (relative); last, the fraction of codes both loops give alike
+    (default settings)."""
     gen = torch.Generator(device=dev).manual_seed(0)
     mix = torch.randn(k, 64, device=dev, generator=gen) / 8  # correlated channels, like real activations
     x = torch.randn(CHUNK, k, device=dev, generator=gen) + torch.randn(CHUNK, 64, device=dev, generator=gen) @ mix.T
@@ -65,8 +66,11 @@ def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
     for columns in (None, ops.gptq_block):  # SparseGPT: 2:4 pruning in the same loop
         times.append(timed(lambda columns=columns: sparsegpt(w, h.matrix, QuantConfig(sparse24=True), columns))[0])
     deltas = (w, w - rtn(w, 128).weight())  # the report's products, as in the pipeline
-    times.append(timed(lambda: [weighted_error(d, h.matrix) for d in deltas])[0])
-    return [*times, (results[0].codes == results[1].codes).float().mean().item()]
+    t, (total, rtn_err) = timed(lambda: [weighted_error(d, h.matrix, tf32=True) for d in deltas])
+    times.append(t)
+    exact = [weighted_error(d.double(), h.matrix.double()) for d in deltas]
+    off = abs(rtn_err / total / (exact[1] / exact[0]) - 1)  # the reported RTN error's, against float64
+    return [*times, off, (results[0].codes == results[1].codes).float().mean().item()]
 
 
 def main() -> None:
@@ -74,11 +78,11 @@ def main() -> None:
     bench_shape(1024, 1024, dev)  # warm-up: CUDA context, cuSOLVER handles, the kernels' build
     head = ("H fp32 in", "fp16 in", "ref", "solve torch", "kernel", "ref", "clip torch", "kernel", "ref", "clip+group")
     head += ("2:4 torch", "kernel", "report")
-    print(f"{'K x N':>14} " + " ".join(f"{h:>11}" for h in head) + f" {'same codes':>11}")
+    print(f"{'K x N':>14} " + " ".join(f"{h:>11}" for h in head) + f" {'report off':>11} {'same codes':>11}")
     for (k, n), (ref_h, ref_s, ref_c) in SHAPES.items():
-        t_h32, t_h, t_s, t_sk, t_c, t_ck, t_g, t_p, t_pk, t_r, same = bench_shape(k, n, dev)
+        t_h32, t_h, t_s, t_sk, t_c, t_ck, t_g, t_p, t_pk, t_r, off, same = bench_shape(k, n, dev)
         row = (t_h32, t_h, ref_h, t_s, t_sk, ref_s, t_c, t_ck, ref_c, t_g, t_p, t_pk, t_r)
-        print(f"{k:>6} x {n:<6} " + " ".join(f"{v:11.3f}" for v in row) + f" {same:11.4%}")
+        print(f"{k:>6} x {n:<6} " + " ".join(f"{v:11.3f}" for v in row) + f" {off:11.1e} {same:11.4%}")
         torch.cuda.empty_cache()
 
 
