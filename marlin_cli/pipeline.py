@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -55,6 +56,13 @@ class Progress:
 
 
 ProgressFn = Callable[[Progress], None]
+
+
+def peak_memory() -> dict[str, float | None]:
+    """This process's peak resident host memory and the peak GPU memory torch allocated (None without a GPU), GiB."""
+    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+    gpu = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    return {"peak_host_gib": round(host, 2), "peak_gpu_gib": None if gpu is None else round(gpu, 2)}
 
 
 class OutputFormat(str, Enum):
@@ -284,9 +292,11 @@ def _solve(
     if hessian is not None:
         # the solves bring their own weighted errors (QuantResult.weighted_error): one N x K x K product fewer each
         def error_of(r: QuantResult, r_weight: torch.Tensor) -> float:
-            return r.weighted_error if r.weighted_error is not None else weighted_error(w - r_weight, hessian.matrix)
+            if r.weighted_error is not None:
+                return r.weighted_error
+            return weighted_error(w - r_weight, hessian.matrix, tf32=True)
 
-        total = weighted_error(w, hessian.matrix)
+        total = weighted_error(w, hessian.matrix, tf32=True)
         report.error = error_of(result, dequantized) / total
         # RTN's error is the result's own where the solve fell back to it
         report.rtn_error = report.error if result is baseline else error_of(baseline, baseline.weight()) / total
@@ -482,5 +492,6 @@ def _write(
             "error_vs_magnitude": err / magnitude_err if magnitude_err else None,
             "bytes": sum(sizes.values()),
             "seconds": round(time.perf_counter() - started, 2),
+            **peak_memory(),
         }
         ckpt.write_json(tmp / ckpt.REPORT, report)

@@ -24,7 +24,7 @@ from marlin_cli.config import ActOrder, Method, QuantConfig
 from marlin_cli.errors import CheckpointError, MarlinError, UsageError
 from marlin_cli.formats import compressed_tensors, gptq, marlin, marlin24
 from marlin_cli.io import checkpoint as ckpt
-from marlin_cli.pipeline import LayerReport, OutputFormat, Progress, ProgressFn, check_format, pack_layer
+from marlin_cli.pipeline import LayerReport, OutputFormat, Progress, ProgressFn, check_format, pack_layer, peak_memory
 from marlin_cli.pipeline import quantization_config as make_config
 
 GPTQ, COMPRESSED, MARLIN = "gptq", "compressed-tensors", "marlin"
@@ -270,5 +270,6 @@ def _write(
             "error_vs_rtn": None,
             "bytes": sum(sizes.values()),
             "seconds": round(time.perf_counter() - started, 2),
+            **peak_memory(),
         }
         ckpt.write_json(tmp / ckpt.REPORT, report)

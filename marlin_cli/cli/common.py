@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Annotated, Any
 
-import torch
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -18,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from marlin_cli.config import default_device
 from marlin_cli.kernel import build
 from marlin_cli.pipeline import Progress as Event
+from marlin_cli.pipeline import peak_memory
 
 err_console = Console(stderr=True)
 
@@ -35,11 +34,11 @@ OutputArg = Annotated[
 
 
 def memory() -> str:
-    """Peak host memory and current GPU memory, for the progress line."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
-    text = f"host {peak:.1f} GiB"
-    if torch.cuda.is_available():
-        text += f", gpu {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+    """Peak host and GPU memory so far, for the progress line."""
+    peak = peak_memory()
+    text = f"host {peak['peak_host_gib']:.1f} GiB"
+    if peak["peak_gpu_gib"] is not None:
+        text += f", gpu {peak['peak_gpu_gib']:.1f} GiB"
     return text
 
 

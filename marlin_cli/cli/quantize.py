@@ -18,6 +18,7 @@ from marlin_cli.cli.common import (
     ProgressView,
     ShardOpt,
     err_console,
+    memory,
     note_kernel_build,
     print_json,
 )
@@ -225,5 +226,5 @@ def run_job(job: Any, json_out: bool, runner: Callable[..., dict[str, Any]] | No
         ratio = f"{s['error_sum']:.4g} added by re-quantizing" if report["requantized"] else "0 (codes copied exactly)"
     err_console.print(
         f"{s['quantized']} layers quantized, {s['kept']} kept; summed error {ratio}; "
-        f"{s['bytes'] / 1e6:.1f} MB written to {job.output} in {s['seconds']:.1f} s"
+        f"{s['bytes'] / 1e6:.1f} MB written to {job.output} in {s['seconds']:.1f} s; peak memory {memory()}"
     )
