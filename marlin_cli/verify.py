@@ -18,6 +18,7 @@ from marlin_cli.formats import marlin24
 from marlin_cli.io.checkpoint import REPORT, Checkpoint, sha256
 from marlin_cli.kernel import ops, reference
 from marlin_cli.model.load import open_model, open_tokenizer
+from marlin_cli.model.run import inference
 from marlin_cli.nn import is_sparse24, load_quantized, quantization_config
 
 # mean|C - C_ref| / mean|C_ref| allowed between the kernel and the float32 reference: fp16 rounding of the output
@@ -148,7 +149,7 @@ def model_check(
     dense = open_model(original).model.to(dev)
     samples = token_samples(embedded_texts("heldout"), open_tokenizer(path), nsamples, seqlen, seed=0)
     kls, agree, cosines, tokens = [], [], [], 0
-    with torch.no_grad():
+    with inference():
         for ids in samples:
             want, got = dense(input_ids=ids.to(dev)), quantized(input_ids=ids.to(dev))
             tokens += ids.numel()

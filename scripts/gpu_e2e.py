@@ -1,12 +1,16 @@
-"""End to end on a GPU: build a Llama-architecture model with random fp16 weights (2048 wide, 4 blocks), quantize it
-with the CLI (blocks on the GPU) as dense and as 2:4, verify every layer through the CUDA kernels and run
---model-check.
+"""End to end on a GPU: build a Llama-architecture model with random fp16 weights, quantize it with the CLI (blocks
+on the GPU) as dense and as 2:4, verify every layer through the CUDA kernels and run --model-check. Prints each
+run's wall time, the pipeline's time per block in the layer solves, the peak memory against `--dry-run`'s estimate.
 
-Run on a GPU machine: python3 scripts/gpu_e2e.py TOKENIZER_DIR WORK_DIR [BLOCKS]
+Shapes: `small` (2048 wide, 5632 FFN, default 4 blocks) or `llama-70b` (Llama-3-70B's blocks: 8192 wide, 28672
+FFN, 64 heads, 8 KV heads; 2 blocks are about 3.5 GB of fp16 weights).
+
+Run on a GPU machine: python3 scripts/gpu_e2e.py TOKENIZER_DIR WORK_DIR [--shape S] [--blocks N] [--recipes R,...]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -15,6 +19,12 @@ from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+SHAPES = {
+    "small": {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 4},
+    "llama-70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8},
+}
+RECIPES = {"default": [], "group-clip": ["--act-order", "group", "--clip"], "sparse24": ["--sparse24"]}
 
 
 def marlin(*args: str) -> tuple[float, dict]:
@@ -26,29 +36,30 @@ def marlin(*args: str) -> tuple[float, dict]:
     return time.perf_counter() - start, json.loads(done.stdout)
 
 
-def main(tokenizer_dir: Path, work: Path, blocks: int) -> None:
-    config = LlamaConfig(
-        vocab_size=30522,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=blocks,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        max_position_embeddings=4096,
-    )
+def main(tokenizer_dir: Path, work: Path, shape: str, blocks: int, recipes: list[str]) -> None:
+    config = LlamaConfig(vocab_size=30522, num_hidden_layers=blocks, max_position_embeddings=4096, **SHAPES[shape])
     torch.manual_seed(0)
-    LlamaForCausalLM(config).half().save_pretrained(work / "model")
+    start = time.perf_counter()
+    with torch.device("cuda"):  # initialising billions of weights on the CPU takes minutes
+        model = LlamaForCausalLM(config).half()
+    model.save_pretrained(work / "model")
+    del model
+    torch.cuda.empty_cache()
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(work / "model")
-    recipes = {"default": [], "group-clip": ["--act-order", "group", "--clip"], "sparse24": ["--sparse24"]}
-    for name, flags in recipes.items():
-        out = work / name
-        seconds, report = marlin("quantize", str(work / "model"), str(out), *flags)
+    print(f"model: {shape}, {blocks} blocks, built and saved in {time.perf_counter() - start:.1f} s")
+    for name in recipes:
+        flags = RECIPES[name]
+        _, plan = marlin("quantize", str(work / "model"), str(work / name), *flags, "--dry-run")
+        seconds, report = marlin("quantize", str(work / "model"), str(work / name), *flags)
         s = report["summary"]
+        solves = sum(layer["seconds"] or 0 for layer in report["layers"]) / blocks
         print(
-            f"quantize {name}: {seconds:.1f} s wall ({s['seconds']} s in the pipeline), {s['quantized']} layers, "
-            f"error {s['error_vs_rtn']:.3f}x RTN on the calibration data, device {report['device']}"
+            f"quantize {name}: {seconds:.1f} s wall ({s['seconds']} s in the pipeline, {solves:.2f} s per block in "
+            f"the layer solves and their reports), {s['quantized']} layers, error {s['error_vs_rtn']:.3f}x RTN on "
+            f"the calibration data; peak GPU {s['peak_gpu_gib']} GiB (estimate {plan['estimated_peak_gpu_gib']}), "
+            f"host {s['peak_host_gib']} GiB (estimate {plan['estimated_peak_host_gib']}); device {report['device']}"
         )
-        seconds, checks = marlin("verify", str(out), "--model-check")
+        seconds, checks = marlin("verify", str(work / name), "--model-check")
         kernels = {layer["kernel"] for layer in checks["layers"]}
         worst = max(layer["error"] for layer in checks["layers"])
         print(
@@ -58,4 +69,14 @@ def main(tokenizer_dir: Path, work: Path, blocks: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 4)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tokenizer_dir", type=Path)
+    parser.add_argument("work_dir", type=Path)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    parser.add_argument("--blocks", type=int, default=None, help="default: 4 (small), 2 (llama-70b)")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
+    a = parser.parse_args()
+    names = a.recipes.split(",")
+    if unknown := set(names) - set(RECIPES):
+        parser.error(f"unknown recipes {sorted(unknown)}")
+    main(a.tokenizer_dir, a.work_dir, a.shape, a.blocks or (4 if a.shape == "small" else 2), names)

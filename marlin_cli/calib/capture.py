@@ -98,12 +98,25 @@ def input_groups(block: nn.Module, linears: dict[str, nn.Module], inputs: BlockI
     return [names for _, names in seen]
 
 
+# Inputs gathered before one Hessian update. Every update reads and writes all of H (K x K float32: 3.3 GB at K =
+# 28672), which for samples of a few hundred tokens costs more than their product does.
+BATCH_TOKENS = 8192
+
+
 def group_hessian(block: nn.Module, layer: nn.Module, columns: int, inputs: BlockInputs) -> Hessian:
     """Hessian of `layer`'s input over every sample; each forward pass stops once the layer's input is seen."""
     hessian = Hessian(columns, device=inputs.hidden[0].device)
+    pending: list[torch.Tensor] = []
+
+    def update() -> None:
+        if pending:
+            hessian.add(torch.cat(pending))
+            pending.clear()
 
     def add(name: str, x: torch.Tensor) -> None:
-        hessian.add(x)
+        pending.append(x.reshape(-1, x.shape[-1]))
+        if sum(p.shape[0] for p in pending) >= BATCH_TOKENS:
+            update()
         raise _Stop
 
     with _pre_hooks({"layer": layer}, add):
@@ -112,4 +125,5 @@ def group_hessian(block: nn.Module, layer: nn.Module, columns: int, inputs: Bloc
                 run_block(block, inputs, i)
             except _Stop:
                 pass
+    update()
     return hessian

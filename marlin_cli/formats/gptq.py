@@ -37,7 +37,7 @@ def pack_along(values: torch.Tensor, dim: int, bits: int = 4) -> torch.Tensor:
     v = v.reshape(*v.shape[:-1], -1, per)  # (..., L/per, per)
     if bits == grid.BITS:
         return grid.pack_nibbles(v).movedim(-1, dim).contiguous()
-    words = (v << torch.arange(0, 32, bits, dtype=torch.int64)).sum(-1)
+    words = (v << torch.arange(0, 32, bits, dtype=torch.int64, device=v.device)).sum(-1)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     return words.movedim(-1, dim).contiguous()
 
@@ -48,19 +48,20 @@ def unpack_along(words: torch.Tensor, dim: int, bits: int = 4) -> torch.Tensor:
         v = grid.unpack_nibbles(words.to(torch.int32).movedim(dim, -1))  # (..., L, 8)
     else:
         w = words.to(torch.int64).movedim(dim, -1) & 0xFFFFFFFF
-        v = (w.unsqueeze(-1) >> torch.arange(0, 32, bits, dtype=torch.int64)) & (2**bits - 1)  # (..., L, per)
+        shifts = torch.arange(0, 32, bits, dtype=torch.int64, device=w.device)
+        v = (w.unsqueeze(-1) >> shifts) & (2**bits - 1)  # (..., L, per)
     return v.reshape(*v.shape[:-2], -1).movedim(-1, dim).to(torch.uint8).contiguous()
 
 
-def natural_g_idx(k: int, groups: int) -> torch.Tensor:
+def natural_g_idx(k: int, groups: int, device: torch.device | None = None) -> torch.Tensor:
     """g_idx of contiguous groups: row k is in group k // (K / G)."""
-    return (torch.arange(k) // (k // groups)).to(torch.int32)
+    return (torch.arange(k, device=device) // (k // groups)).to(torch.int32)
 
 
 def to_natural(layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes (K, N) in the natural input order and the g_idx int32 (K,) of every input row."""
     k = layer.codes.shape[0]
-    g_idx = natural_g_idx(k, layer.scales.shape[0])
+    g_idx = natural_g_idx(k, layer.scales.shape[0], layer.codes.device)
     if layer.perm is None:
         return layer.codes, g_idx
     perm = layer.perm.long()
@@ -99,7 +100,7 @@ def to_gptq(layer: Layer, checkpoint_format: str = "gptq") -> dict[str, torch.Te
     """Our Layer -> {qweight, qzeros, scales, g_idx} (symmetric 4-bit, zero 8 stored by `checkpoint_format`)."""
     codes, g_idx = to_natural(layer)
     groups, n = layer.scales.shape
-    zeros = torch.full((groups, n), grid.ZERO - ZERO_FORMATS[checkpoint_format], dtype=torch.uint8)
+    zeros = torch.full((groups, n), grid.ZERO - ZERO_FORMATS[checkpoint_format], dtype=torch.uint8, device=codes.device)
     return {
         "qweight": pack_along(codes, 0),  # (K/8, N)
         "qzeros": pack_along(zeros, 1),  # (G, N/8)
