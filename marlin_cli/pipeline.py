@@ -282,6 +282,11 @@ def _solve(
         report.reason = f"weights beyond {LARGEST_WEIGHT:.3g} saturate: fp16 scales are clamped to {FP16_MAX:g}"
     baseline = (magnitude_rtn if cfg.sparse24 else rtn)(w, cfg.group_size, cfg.clip and hessian is None)
     result = baseline
+    if hessian is not None and hessian.tokens < w.shape[1]:  # H = (2/n) sum x x^T has rank at most n
+        note = (
+            f"{hessian.tokens} calibration tokens, fewer than its {w.shape[1]} inputs: give more (--calib, --nsamples)"
+        )
+        report.reason = "; ".join(filter(None, [report.reason, note]))
     if hessian is not None:
         try:
             result = _calibrated(cfg, columns)(w, hessian.matrix, cfg)

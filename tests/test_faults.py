@@ -226,3 +226,19 @@ def test_out_of_memory_mid_run_leaves_nothing(tiny_models, run_cli, tmp_path: Pa
     assert code == 2
     assert "ran out of memory" in stderr and "--nsamples" in stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_layers_with_more_inputs_than_calibration_tokens_say_so(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    # 2 samples of at most 64 tokens: below the FFN's 256 inputs, so its Hessian has rank below K
+    code, stdout, stderr = run_cli(
+        "quantize", tiny_models("llama"), tmp_path / "out", "--nsamples", "2", "--seqlen", "64", "--json"
+    )
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    tokens = report["calibration"]["tokens"]
+    assert tokens < 256
+    for r in report["layers"]:
+        noted = f"{tokens} calibration tokens, fewer than its {r['in_features']} inputs" in (r["reason"] or "")
+        assert noted == (tokens < r["in_features"]), r
+        assert r["method"] == "gptq"
+    assert any(r["in_features"] == 256 for r in report["layers"])
