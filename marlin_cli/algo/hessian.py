@@ -38,8 +38,9 @@ def weighted_error(delta: torch.Tensor, hessian: torch.Tensor, tf32: bool = Fals
     """Output error of a weight change on the inputs behind `hessian`: sum over rows of d H d^T.
 
     delta: (N, K) weight difference; hessian: (K, K). Equals (2/n) * ||X delta^T||^2 for the captured inputs X.
-    `tf32`: a float32 product on a GPU runs on the tensor cores, its inputs rounded to 10-bit mantissas (the
-    report's figures: about 3e-5 relative, several times faster; exact comparisons leave it off).
+    `tf32`: a float32 product on a GPU runs on the tensor cores, its inputs rounded to 10-bit mantissas, for the
+    report (28672 x 8192 on the H200: 0.262 -> 0.038 s, 3.8e-5 from the float64 value); exact comparisons leave it
+    off.
     """
     delta = delta.to(hessian.dtype)
     if not (tf32 and hessian.is_cuda and hessian.dtype == torch.float32):
