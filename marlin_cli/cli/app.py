@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from importlib.metadata import version
 from typing import Annotated
 
-import torch
-import transformers
 import typer
 from rich.markup import escape
 
@@ -32,7 +31,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:  # the versions a conversion job's log should carry
-        print(f"marlin {__version__} (torch {torch.__version__}, transformers {transformers.__version__})")
+        print(f"marlin {__version__} (torch {version('torch')}, transformers {version('transformers')})")
         raise typer.Exit
 
 
@@ -62,28 +61,42 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise Terminated
 
 
+def _quiet_transformers() -> None:
+    """Our progress bars and errors replace transformers' logging and bars: said before it is imported (the commands
+    import it when they need it, so `--help` starts in a fraction of a second), or to it if it is loaded already."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if (transformers := sys.modules.get("transformers")) is not None:
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+
+
+def _out_of_gpu_memory(e: BaseException) -> bool:
+    torch = sys.modules.get("torch")  # not loaded: the error is not torch's
+    return torch is not None and isinstance(e, torch.OutOfMemoryError)
+
+
 def main() -> None:
     """Entry point: a MarlinError is one line on stderr and its exit code; anything else is an internal error."""
-    transformers.utils.logging.set_verbosity_error()  # our progress bars and errors replace its logging
-    transformers.utils.logging.disable_progress_bar()
+    _quiet_transformers()
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         app(standalone_mode=True)
     except MarlinError as e:
         err_console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
-    except torch.OutOfMemoryError:
-        err_console.print(
-            "[red]error:[/] the GPU ran out of memory; nothing was written. Lower --nsamples or --seqlen, free the "
-            "GPU, or run with --device cpu",
-            soft_wrap=True,
-        )
-        sys.exit(2)
     except (KeyboardInterrupt, Terminated) as e:
         err_console.print("interrupted; no output was left behind")
         sys.exit(143 if isinstance(e, Terminated) else 130)
-    except Exception as e:  # a bug: say so, keep the traceback one variable away
-        if os.environ.get("MARLIN_DEBUG"):
+    except Exception as e:
+        if _out_of_gpu_memory(e):
+            err_console.print(
+                "[red]error:[/] the GPU ran out of memory; nothing was written. Lower --nsamples or --seqlen, free "
+                "the GPU, or run with --device cpu",
+                soft_wrap=True,
+            )
+            sys.exit(2)
+        if os.environ.get("MARLIN_DEBUG"):  # a bug: say so, keep the traceback one variable away
             raise
         err_console.print(
             f"[red]internal error:[/] {type(e).__name__}: {e} (set MARLIN_DEBUG=1 for the traceback)", soft_wrap=True

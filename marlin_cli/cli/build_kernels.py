@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from marlin_cli.cli.common import JsonOpt, Timer, err_console, print_json
-from marlin_cli.kernel import build
 
 
 def build_kernels_command(json_out: JsonOpt = False) -> None:
@@ -13,6 +12,8 @@ def build_kernels_command(json_out: JsonOpt = False) -> None:
 
     Set TORCH_CUDA_ARCH_LIST (e.g. "8.0;9.0a") to build for other architectures (without 9.0a: no wgmma kernel).
     """
+    from marlin_cli.kernel import build
+
     timer = Timer()
     path = build.build_kernels()
     if json_out:

@@ -7,16 +7,14 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from marlin_cli.config import default_device
-from marlin_cli.kernel import build
-from marlin_cli.pipeline import Progress as Event
-from marlin_cli.pipeline import peak_memory
+if TYPE_CHECKING:
+    from marlin_cli.pipeline import Progress as Event
 
 err_console = Console(stderr=True)
 
@@ -35,6 +33,8 @@ OutputArg = Annotated[
 
 def memory() -> str:
     """Peak host and GPU memory so far, for the progress line."""
+    from marlin_cli.pipeline import peak_memory
+
     peak = peak_memory()
     text = f"host {peak['peak_host_gib']:.1f} GiB"
     if peak["peak_gpu_gib"] is not None:
@@ -87,6 +87,9 @@ class Timer:
 def note_kernel_build(device: str | None) -> None:
     """Say so when work on `device` (--device; default the GPU when there is one) is about to compile the CUDA
     kernels: the first use on this GPU, or after an upgrade."""
+    from marlin_cli.config import default_device
+    from marlin_cli.kernel import build
+
     if default_device(device).type == "cuda" and build.needs_build():
         err_console.print(
             "compiling the CUDA kernels for this GPU (first use: about a minute; cached afterwards; "

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from marlin_cli.cli.common import JsonOpt, err_console, print_json
 from marlin_cli.errors import CheckpointError
-from marlin_cli.io.checkpoint import Checkpoint, read_json_object
-from marlin_cli.nn import quantization_config
+
+if TYPE_CHECKING:
+    from marlin_cli.io.checkpoint import Checkpoint
 
 
 def describe(path: Path) -> dict[str, Any]:
     """Format, settings, layers and sizes of the checkpoint in `path`."""
+    from marlin_cli.io.checkpoint import Checkpoint, read_json_object
+    from marlin_cli.nn import quantization_config
+
     store = Checkpoint(path)
     config = read_json_object(path / "config.json")
     qc = config.get("quantization_config") or read_json_object(path / "quantize_config.json", missing_ok=True)

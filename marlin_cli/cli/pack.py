@@ -11,12 +11,7 @@ import typer
 
 from marlin_cli.cli.common import DeviceOpt, ForceOpt, JsonOpt, OutputArg, ShardOpt
 from marlin_cli.cli.quantize import FormatOpt, run_job
-from marlin_cli.config import CalibConfig, Method, QuantConfig
 from marlin_cli.errors import UsageError
-from marlin_cli.io.checkpoint import parse_size
-from marlin_cli.pipeline import Job, OutputFormat
-from marlin_cli.pipeline import output_format as parse_format
-from marlin_cli.repack import RepackJob, repack, source_format
 
 
 def pack_command(
@@ -58,7 +53,7 @@ def pack_command(
             "('embedded', a .txt/.jsonl/.parquet file, or a datasets hub name)."
         ),
     ] = None,
-    output_format: FormatOpt = OutputFormat.MARLIN.value,
+    output_format: FormatOpt = "marlin",
     device: DeviceOpt = None,
     max_shard_size: ShardOpt = "5GB",
     force: ForceOpt = False,
@@ -76,6 +71,12 @@ def pack_command(
     Examples: marlin pack ./my-model out/my-model-rtn --group-size 64  |  marlin pack ./llama-gptq out/llama-marlin  |
     marlin pack ./my-model out/my-model-24 --sparse24 --calib embedded
     """
+    from marlin_cli.config import CalibConfig, Method, QuantConfig
+    from marlin_cli.io.checkpoint import parse_size
+    from marlin_cli.pipeline import Job
+    from marlin_cli.pipeline import output_format as parse_format
+    from marlin_cli.repack import RepackJob, repack, source_format
+
     source = source_format(input) if (input / "config.json").is_file() else None
     if calib is not None and not sparse24:
         raise UsageError("--calib without --sparse24: calibrated dense quantization is `marlin quantize`")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from marlin_cli import __version__
-from marlin_cli.algo.gptq import ColumnLoop
 from marlin_cli.cli.common import (
     DeviceOpt,
     ForceOpt,
@@ -22,12 +21,10 @@ from marlin_cli.cli.common import (
     note_kernel_build,
     print_json,
 )
-from marlin_cli.config import CalibConfig, QuantConfig, default_device, read_preset
-from marlin_cli.io.checkpoint import parse_size
-from marlin_cli.kernel import ops
-from marlin_cli.pipeline import Job, OutputFormat, quantize
-from marlin_cli.plan import dry_run
-from marlin_cli.repack import RepackJob
+
+if TYPE_CHECKING:
+    from marlin_cli.algo.gptq import ColumnLoop
+    from marlin_cli.pipeline import Job
 
 FormatOpt = Annotated[
     str,
@@ -122,7 +119,7 @@ def quantize_command(
         bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code to run (off by default).")
     ] = False,
     revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) of MODEL.")] = None,
-    output_format: FormatOpt = OutputFormat.MARLIN.value,
+    output_format: FormatOpt = "marlin",
     force: ForceOpt = False,
     dry_run_: Annotated[
         bool,
@@ -136,6 +133,11 @@ def quantize_command(
 ) -> None:
     """Quantize MODEL to 4-bit Marlin-format safetensors in OUTPUT, with GPTQ calibrated block by block
     (with --sparse24 also pruned to 2:4 by SparseGPT)."""
+    from marlin_cli.config import CalibConfig, QuantConfig, read_preset
+    from marlin_cli.io.checkpoint import parse_size
+    from marlin_cli.pipeline import Job
+    from marlin_cli.plan import dry_run
+
     given = {"group_size": group_size, "act_order": act_order, "clip": clip, "damp": damp, "method": method}
     given["sparse24"] = sparse24 or None  # the flag only turns it on; a preset may too
     settings: dict[str, Any] = read_preset(preset) if preset else {}
@@ -162,6 +164,9 @@ def quantize_command(
 def gptq_column_loop(job: Job) -> ColumnLoop | None:
     """GPTQ's column loop on the CUDA kernel when the job runs on a GPU the kernels build for (built on first use,
     about a minute, then cached); None, the torch loop, otherwise (with a note when that GPU cannot take it)."""
+    from marlin_cli.config import default_device
+    from marlin_cli.kernel import ops
+
     device = default_device(job.device)
     if device.type != "cuda" or job.quant.block_size > ops.GPTQ_MAX_COLS:
         return None
@@ -194,6 +199,9 @@ def show_plan(plan: dict[str, Any], json_out: bool) -> None:
 def run_job(job: Any, json_out: bool, runner: Callable[..., dict[str, Any]] | None = None) -> None:
     """Run a quantize or pack job (`runner`, default the quantize pipeline) with progress bars, then print the
     summary (table, or JSON on stdout)."""
+    from marlin_cli.pipeline import quantize
+    from marlin_cli.repack import RepackJob
+
     source = job.source if isinstance(job, RepackJob) else job.model
     err_console.print(f"marlin {__version__}: {source} -> {job.output}", highlight=False, soft_wrap=True)
     with ProgressView(enabled=not json_out) as view:

@@ -12,8 +12,6 @@ from rich.table import Table
 
 from marlin_cli.cli.common import DeviceOpt, JsonOpt, Timer, err_console, note_kernel_build, print_json
 from marlin_cli.errors import CheckpointError, VerificationFailed
-from marlin_cli.io.checkpoint import REPORT
-from marlin_cli.verify import TOLERANCE, checksum_problems, model_check, verify_checkpoint
 
 
 def verify_command(
@@ -39,6 +37,8 @@ def verify_command(
 
     Example: marlin verify out/minilm-w4 --json
     """
+    from marlin_cli.verify import TOLERANCE, checksum_problems, model_check, verify_checkpoint
+
     timer = Timer()
     note_kernel_build(device)
     checks = verify_checkpoint(ckpt, device, seed)
@@ -87,6 +87,8 @@ def verify_command(
 
 def recorded_source(ckpt: Path) -> Path:
     """The model a checkpoint was made from, as its report records it."""
+    from marlin_cli.io.checkpoint import REPORT
+
     try:
         return Path(json.loads((ckpt / REPORT).read_text())["source"])
     except (OSError, ValueError, KeyError, TypeError):
