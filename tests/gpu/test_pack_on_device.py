@@ -25,22 +25,25 @@ def _result(group_size: int, perm: bool, sparse24: bool, seed: int = 0) -> Quant
     return QuantResult(codes, scales, order)
 
 
+def _assert_alike(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> None:
+    """The GPU-packed tensors come back on the CPU, with the CPU-packed ones' names, dtypes and bits."""
+    assert want.keys() == got.keys()
+    for name, t in got.items():
+        assert t.device.type == "cpu" and t.dtype == want[name].dtype and torch.equal(t, want[name]), name
+
+
 @pytest.mark.parametrize("fmt", list(OutputFormat))
 @pytest.mark.parametrize(("group_size", "perm"), [(-1, False), (128, False), (128, True), (32, True)])
 def test_dense_formats_pack_alike_on_the_gpu(fmt: OutputFormat, group_size: int, perm: bool) -> None:
     cpu = _result(group_size, perm, False)
     gpu = QuantResult(cpu.codes.cuda(), cpu.scales.cuda(), None if cpu.perm is None else cpu.perm.cuda())
-    want, got = pack_layer(fmt, "layer", cpu), pack_layer(fmt, "layer", gpu)
-    assert want.keys() == got.keys()
-    for name, t in got.items():
-        assert t.device.type == "cpu" and t.dtype == want[name].dtype and torch.equal(t, want[name]), name
+    _assert_alike(pack_layer(fmt, "layer", cpu), pack_layer(fmt, "layer", gpu))
 
 
 @pytest.mark.parametrize("group_size", [-1, 128])
 def test_2_4_packs_alike_on_the_gpu(group_size: int) -> None:
     cpu = _result(group_size, False, True, seed=1)
     gpu = QuantResult(cpu.codes.cuda(), cpu.scales.cuda(), None)
-    want, got = pack_layer(OutputFormat.MARLIN, "layer", cpu, True), pack_layer(OutputFormat.MARLIN, "layer", gpu, True)
-    assert want.keys() == got.keys()
-    for name, t in got.items():
-        assert t.device.type == "cpu" and t.dtype == want[name].dtype and torch.equal(t, want[name]), name
+    _assert_alike(
+        pack_layer(OutputFormat.MARLIN, "layer", cpu, True), pack_layer(OutputFormat.MARLIN, "layer", gpu, True)
+    )
