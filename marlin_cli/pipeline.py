@@ -110,13 +110,17 @@ class LayerReport:
     in_features: int
     out_features: int
     status: str  # "quantized" or "kept"
-    reason: str | None = None  # why kept, or why it fell back to RTN
+    reason: str | None = None  # why kept, why it fell back to RTN, or what else the user should know
     method: str | None = None
     error: float | None = None  # ||X (W - Wq)^T||^2 / ||X W^T||^2 on the calibration inputs (weights only for RTN)
     rtn_error: float | None = None  # the same for RTN (with sparse24: magnitude 2:4 + RTN) on the same data
     magnitude_error: float | None = None  # sparse24 with calibration: the same for the magnitude 2:4 + GPTQ baseline
     damp: float | None = None
     seconds: float = 0.0
+
+    def note(self, text: str) -> None:
+        """Add `text` to the reason, after what it already says."""
+        self.reason = f"{self.reason}; {text}" if self.reason else text
 
 
 def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, Any]:
@@ -263,7 +267,7 @@ def _quantize_block(
         for name in todo:
             report = plan[f"{prefix}.{name}"]
             if inputs is not None and hessian is None:
-                report.reason = "not reached by the calibration data: RTN"
+                report.note("not reached by the calibration data: RTN")
             result = _solve(linears[name], hessian, cfg, report, job.column_loop)
             packed.update(pack_layer(job.format, f"{prefix}.{name}", result, cfg.sparse24))
             on_layer(f"{prefix}.{name}")
@@ -279,19 +283,19 @@ def _solve(
     started = time.perf_counter()
     w = weight_matrix(module).float()
     if float(absmax(w.reshape(-1), 0)) > LARGEST_WEIGHT:  # e.g. bf16 outliers: the layer is still stored, and says so
-        report.reason = f"weights beyond {LARGEST_WEIGHT:.3g} saturate: fp16 scales are clamped to {FP16_MAX:g}"
+        report.note(f"weights beyond {LARGEST_WEIGHT:.3g} saturate: fp16 scales are clamped to {FP16_MAX:g}")
     baseline = (magnitude_rtn if cfg.sparse24 else rtn)(w, cfg.group_size, cfg.clip and hessian is None)
     result = baseline
-    if hessian is not None and hessian.tokens < w.shape[1]:  # H = (2/n) sum x x^T has rank at most n
-        note = (
-            f"{hessian.tokens} calibration tokens, fewer than its {w.shape[1]} inputs: give more (--calib, --nsamples)"
-        )
-        report.reason = "; ".join(filter(None, [report.reason, note]))
     if hessian is not None:
+        if hessian.tokens < w.shape[1]:  # H = (2/n) sum x x^T has rank at most n
+            report.note(
+                f"{hessian.tokens} calibration tokens, fewer than its {w.shape[1]} inputs: give more "
+                "(--calib, --nsamples)"
+            )
         try:
             result = _calibrated(cfg, columns)(w, hessian.matrix, cfg)
         except NumericalError as e:
-            report.reason = "; ".join(filter(None, [report.reason, f"{e}: RTN"]))
+            report.note(f"{e}: RTN")
     report.method = method_name(cfg) if result is not baseline else "rtn"
     report.damp = result.damp if result is not baseline else None
     dequantized = result.weight()
