@@ -1,6 +1,7 @@
-// Registers the kernels as the torch custom ops marlin_cli::gemm (dense), marlin_cli::gemm24 (2:4) and
-// marlin_cli::gptq_block (the GPTQ column loop). Only argument plumbing lives here; the shape rules are enforced
-// (with user-facing messages) in marlin_cli/kernel/ops.py and re-checked below as a last line.
+// Registers the kernels as the torch custom ops marlin_cli::gemm (dense), marlin_cli::gemm24 (2:4),
+// marlin_cli::gptq_block (the GPTQ column loop) and marlin_cli::clip_scales (the clipping search of fixed scales).
+// Only argument plumbing lives here; the shape rules are enforced (with user-facing messages) in
+// marlin_cli/kernel/ops.py and re-checked below as a last line.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -139,6 +140,39 @@ void gptq_block_cuda(at::Tensor& w, const at::Tensor& u, const at::Tensor& s, in
   TORCH_CHECK(err == cudaSuccess, op, " failed: ", cudaGetErrorString(err));
 }
 
+void clip_scales_cuda(const at::Tensor& w, const std::optional<at::Tensor>& costs, const at::Tensor& candidates,
+                      at::Tensor& scales) {
+  const char* op = "marlin_cli::clip_scales";
+  const at::Tensor* tensors[] = {&w, &candidates, &scales};
+  for (const at::Tensor* t : tensors) {
+    TORCH_CHECK(t->is_cuda() && t->is_contiguous() && t->device() == w.device() && t->scalar_type() == at::kFloat,
+                op, ": contiguous float32 CUDA tensors on one device only");
+  }
+  TORCH_CHECK(w.dim() == 2 && scales.dim() == 2 && scales.size(0) == w.size(0) && scales.size(1) >= 1 &&
+                  w.size(1) % scales.size(1) == 0 && candidates.dim() == 3 && candidates.size(1) == w.size(0) &&
+                  candidates.size(2) == scales.size(1) && candidates.size(0) >= 1 &&
+                  candidates.size(0) <= marlin_cli::kClipMaxCandidates,
+              op, ": bad shapes w=", w.sizes(), " candidates=", candidates.sizes(), " scales=", scales.sizes());
+  TORCH_CHECK(w.size(1) / scales.size(1) <= INT32_MAX, op, ": groups of more than 2^31 columns");
+  if (costs.has_value()) {
+    TORCH_CHECK(costs->is_cuda() && costs->device() == w.device() && costs->is_contiguous() &&
+                    costs->scalar_type() == at::kFloat && costs->dim() == 1 && costs->size(0) == w.size(1),
+                op, ": costs must be a contiguous float32 CUDA tensor of w's columns");
+  }
+  const c10::cuda::CUDAGuard guard(w.device());
+  marlin_cli::ClipScalesArgs args{};
+  args.w = w.data_ptr<float>();
+  args.costs = costs.has_value() ? costs->data_ptr<float>() : nullptr;
+  args.candidates = candidates.data_ptr<float>();
+  args.scales = scales.data_ptr<float>();
+  args.n = w.size(0);
+  args.k = w.size(1);
+  args.g = static_cast<int>(w.size(1) / scales.size(1));
+  args.count = static_cast<int>(candidates.size(0));
+  const cudaError_t err = marlin_cli::clip_scales(args, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op, " failed: ", cudaGetErrorString(err));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(marlin_cli, m) {
@@ -147,10 +181,12 @@ TORCH_LIBRARY(marlin_cli, m) {
   m.def(
       "gptq_block(Tensor(a!) w, Tensor u, Tensor s, int s_row, int s_col, Tensor(b!) codes, Tensor(c!) errors, "
       "int e0, int c0, int c1, int c2, Tensor? keep, int prune) -> ()");
+  m.def("clip_scales(Tensor w, Tensor? costs, Tensor candidates, Tensor(a!) scales) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(marlin_cli, CUDA, m) {
   m.impl("gemm", &gemm_cuda);
   m.impl("gemm24", &gemm24_cuda);
   m.impl("gptq_block", &gptq_block_cuda);
+  m.impl("clip_scales", &clip_scales_cuda);
 }

@@ -128,6 +128,50 @@ __global__ void __launch_bounds__(kThreads) gptq_block_kernel(const GptqBlockArg
   }
 }
 
+// A warp per group of a row: each lane sums its columns' weighted errors for every candidate (in registers), then
+// the warp adds the lanes' sums and lane 0 keeps the first least. One read of the weights, where torch's search reads
+// and writes them about a dozen times per candidate. Each element's error is torch's, rounding for rounding (w / s,
+// round half to even, clamp; w - q * s; squared; times the cost); only the order of the sum over j differs.
+constexpr int kClipWarps = 8;
+
+__global__ void __launch_bounds__(kClipWarps * 32) clip_scales_kernel(const ClipScalesArgs p) {
+  const int64_t groups = p.k / p.g, total = p.n * groups;
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * kClipWarps + threadIdx.x / 32;
+  if (id >= total) return;  // a whole warp leaves together
+  const int lane = threadIdx.x % 32;
+  const int64_t row = id / groups, col0 = id % groups * p.g;
+  const float* w = p.w + row * p.k + col0;
+  float scale[kClipMaxCandidates], sum[kClipMaxCandidates];
+#pragma unroll
+  for (int c = 0; c < kClipMaxCandidates; ++c) {
+    scale[c] = c < p.count ? p.candidates[c * total + id] : 1.f;
+    sum[c] = 0.f;
+  }
+  for (int j = lane; j < p.g; j += 32) {
+    const float x = w[j], cost = p.costs ? p.costs[col0 + j] : 1.f;
+#pragma unroll
+    for (int c = 0; c < kClipMaxCandidates; ++c) {
+      if (c < p.count) {
+        const float q = fminf(fmaxf(rintf(__fdiv_rn(x, scale[c])), -8.f), 7.f);
+        const float d = __fsub_rn(x, __fmul_rn(q, scale[c]));
+        const float e = __fmul_rn(d, d);
+        sum[c] = __fadd_rn(sum[c], p.costs ? __fmul_rn(e, cost) : e);
+      }
+    }
+  }
+  float best = scale[0], least = 0.f;
+#pragma unroll
+  for (int c = 0; c < kClipMaxCandidates; ++c) {
+    if (c < p.count) {
+      float v = sum[c];
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (c == 0 || v < least) best = scale[c], least = v;
+    }
+  }
+  if (lane == 0) p.scales[id] = best;
+}
+
 template <int T>
 cudaError_t launch(const GptqBlockArgs& p, cudaStream_t stream) {
   constexpr int rows = kThreads / T;
@@ -150,6 +194,15 @@ cudaError_t gptq_block(const GptqBlockArgs& p, cudaStream_t stream) {
     case 4: return launch<4>(p, stream);
     default: return launch<8>(p, stream);
   }
+}
+
+cudaError_t clip_scales(const ClipScalesArgs& p, cudaStream_t stream) {
+  if (p.n < 1 || p.g < 1 || p.k < p.g || p.k % p.g || p.count < 1 || p.count > kClipMaxCandidates) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t warps = p.n * (p.k / p.g);
+  clip_scales_kernel<<<static_cast<unsigned>((warps + kClipWarps - 1) / kClipWarps), kClipWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace marlin_cli

@@ -32,4 +32,21 @@ constexpr int kPruneNone = 0, kPruneSaliency = 1, kPruneMask = 2;
 // arguments it cannot take).
 cudaError_t gptq_block(const GptqBlockArgs& args, cudaStream_t stream);
 
+constexpr int kClipMaxCandidates = 40;  // candidate scales per group at most (algo/scales.py CLIP_FACTORS: 34)
+
+// The clipping search of scales fixed before the solve (marlin_cli/algo/scales.py, clip_scales): for every group of
+// g consecutive columns of a row, the candidate scale with the least sum_j c_j (w_j - s q_j)^2, q_j = w_j / s rounded
+// to the grid (c_j = 1 without costs), the first of equal sums.
+struct ClipScalesArgs {
+  const float* w;           // (n, k) row-major
+  const float* costs;       // (k,): what a rounding error of each column costs, or nullptr for 1
+  const float* candidates;  // (count, n, k / g): candidate c of row r's group q at [(c * n + r) * (k / g) + q]
+  float* scales;            // (n, k / g): the chosen candidates
+  int64_t n, k;
+  int g, count;
+};
+
+// Returns cudaSuccess, the launch error, or cudaErrorInvalidValue for arguments it cannot take.
+cudaError_t clip_scales(const ClipScalesArgs& args, cudaStream_t stream);
+
 }  // namespace marlin_cli

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from marlin_cli import __version__
-from marlin_cli.algo.gptq import ColumnLoop, gptq
+from marlin_cli.algo.gptq import Kernels, gptq
 from marlin_cli.algo.hessian import Hessian, weighted_error
 from marlin_cli.algo.result import QuantResult
 from marlin_cli.algo.rtn import rtn
@@ -95,9 +95,9 @@ class Job:
     trust_remote_code: bool = False
     revision: str | None = None
     format: OutputFormat = OutputFormat.MARLIN
-    # GPTQ's column loop on the job's device (algo.gptq.ColumnLoop); None runs it in torch. The CLI passes the CUDA
-    # kernel's (kernel.ops.gptq_block) when it builds for the device.
-    column_loop: ColumnLoop | None = None
+    # The solve's column loop and clipping search on the job's device (algo.gptq.Kernels); None runs them in torch. The
+    # CLI passes the CUDA kernels' (kernel.ops.KERNELS) when they build for the device.
+    kernels: Kernels | None = None
 
     def __post_init__(self) -> None:
         self.format = output_format(self.format)
@@ -268,7 +268,7 @@ def _quantize_block(
             report = plan[f"{prefix}.{name}"]
             if inputs is not None and hessian is None:
                 report.note("not reached by the calibration data: RTN")
-            result = _solve(linears[name], hessian, cfg, report, job.column_loop)
+            result = _solve(linears[name], hessian, cfg, report, job.kernels)
             packed.update(pack_layer(job.format, f"{prefix}.{name}", result, cfg.sparse24))
             on_layer(f"{prefix}.{name}")
     if inputs is not None:
@@ -277,7 +277,7 @@ def _quantize_block(
 
 
 def _solve(
-    module: nn.Module, hessian: Hessian | None, cfg: QuantConfig, report: LayerReport, columns: ColumnLoop | None
+    module: nn.Module, hessian: Hessian | None, cfg: QuantConfig, report: LayerReport, kernels: Kernels | None
 ) -> QuantResult:
     """Quantize one layer, write its dequantized weights back (later layers calibrate on them) and fill `report`."""
     started = time.perf_counter()
@@ -293,7 +293,7 @@ def _solve(
                 "(--calib, --nsamples)"
             )
         try:
-            result = _calibrated(cfg, columns)(w, hessian.matrix, cfg)
+            result = _calibrated(cfg, kernels)(w, hessian.matrix, cfg)
         except NumericalError as e:
             report.note(f"{e}: RTN")
     report.method = method_name(cfg) if result is not baseline else "rtn"
@@ -311,7 +311,7 @@ def _solve(
         # RTN's error is the result's own where the solve fell back to it
         report.rtn_error = report.error if result is baseline else error_of(baseline, baseline.weight()) / total
         if result is not baseline and report.method == "sparsegpt":  # the baseline SparseGPT must beat
-            magnitude = magnitude_gptq(w, hessian.matrix, cfg, columns)
+            magnitude = magnitude_gptq(w, hessian.matrix, cfg, kernels)
             report.magnitude_error = error_of(magnitude, magnitude.weight()) / total
     else:
         report.error = report.rtn_error = float((w - dequantized).square().sum() / w.square().sum())
@@ -321,13 +321,13 @@ def _solve(
 
 
 def _calibrated(
-    cfg: QuantConfig, columns: ColumnLoop | None
+    cfg: QuantConfig, kernels: Kernels | None
 ) -> Callable[[torch.Tensor, torch.Tensor, QuantConfig], QuantResult]:
-    """The calibrated solver of `cfg`: GPTQ (its column loop `columns`), SparseGPT (sparse24) or the magnitude 2:4
+    """The calibrated solver of `cfg` (with `kernels` for its loops): GPTQ, SparseGPT (sparse24) or the magnitude 2:4
     baseline."""
     if cfg.method is Method.MAGNITUDE:
-        return partial(magnitude_gptq, columns=columns)
-    return partial(sparsegpt if cfg.sparse24 else gptq, columns=columns)
+        return partial(magnitude_gptq, kernels=kernels)
+    return partial(sparsegpt if cfg.sparse24 else gptq, kernels=kernels)
 
 
 def method_name(cfg: QuantConfig) -> str:

@@ -57,14 +57,14 @@ def bench_shape(k: int, n: int, dev: torch.device) -> list[float]:
         times.append(timed(lambda inputs=inputs, h=h: [h.add(inputs) for _ in range(TOKENS // CHUNK)])[0])
     results = []
     for cfg in (QuantConfig(), QuantConfig(clip=True)):
-        for columns in (None, ops.gptq_block):
-            t, r = timed(lambda cfg=cfg, columns=columns: gptq(w, h.matrix, cfg, columns=columns))
+        for kernels in (None, ops.KERNELS):
+            t, r = timed(lambda cfg=cfg, kernels=kernels: gptq(w, h.matrix, cfg, kernels=kernels))
             times.append(t)
             results.append(r)
     group_clip = QuantConfig(clip=True, act_order="group")
-    times.append(timed(lambda: gptq(w, h.matrix, group_clip, columns=ops.gptq_block))[0])
-    for columns in (None, ops.gptq_block):  # SparseGPT: 2:4 pruning in the same loop
-        times.append(timed(lambda columns=columns: sparsegpt(w, h.matrix, QuantConfig(sparse24=True), columns))[0])
+    times.append(timed(lambda: gptq(w, h.matrix, group_clip, kernels=ops.KERNELS))[0])
+    for kernels in (None, ops.KERNELS):  # SparseGPT: 2:4 pruning in the same loop
+        times.append(timed(lambda kernels=kernels: sparsegpt(w, h.matrix, QuantConfig(sparse24=True), kernels))[0])
     deltas = (w, w - rtn(w, 128).weight())  # the report's products, as in the pipeline
     t, (total, rtn_err) = timed(lambda: [weighted_error(d, h.matrix, tf32=True) for d in deltas])
     times.append(t)

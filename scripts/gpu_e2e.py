@@ -24,7 +24,12 @@ SHAPES = {
     "small": {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 4},
     "llama-70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8},
 }
-RECIPES = {"default": [], "group-clip": ["--act-order", "group", "--clip"], "sparse24": ["--sparse24"]}
+RECIPES = {
+    "default": [],
+    "no-clip": ["--no-clip"],
+    "group-clip": ["--act-order", "group", "--clip"],
+    "sparse24": ["--sparse24"],
+}
 
 
 def marlin(*args: str) -> tuple[float, dict]:

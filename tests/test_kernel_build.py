@@ -62,23 +62,23 @@ def test_a_build_is_announced_only_when_the_cache_lacks_it(monkeypatch: pytest.M
     assert not build.needs_build()
 
 
-def test_quantize_picks_the_gptq_loop_by_device(monkeypatch: pytest.MonkeyPatch, capsys, tmp_path: Path) -> None:  # noqa: ANN001
-    """The kernel's column loop on a GPU where the kernels build; the torch loop (None) on the CPU, or with a note
-    naming the reason when the GPU cannot build them."""
+def test_quantize_picks_the_solver_kernels_by_device(monkeypatch: pytest.MonkeyPatch, capsys, tmp_path: Path) -> None:  # noqa: ANN001
+    """The CUDA kernels of the solve on a GPU where the kernels build; the torch loops (None) on the CPU, or with a
+    note naming the reason when the GPU cannot build them."""
     from marlin_cli.cli import quantize
     from marlin_cli.config import QuantConfig
     from marlin_cli.kernel import ops
     from marlin_cli.pipeline import Job
 
     monkeypatch.setattr(quantize, "note_kernel_build", lambda device: None)
-    assert quantize.gptq_column_loop(Job("m", tmp_path / "o", QuantConfig(), device="cpu")) is None
+    assert quantize.solver_kernels(Job("m", tmp_path / "o", QuantConfig(), device="cpu")) is None
     on_gpu = Job("m", tmp_path / "o", QuantConfig(), device="cuda")
     monkeypatch.setattr(ops, "solver_problem", lambda device: None)
-    assert quantize.gptq_column_loop(on_gpu) is ops.gptq_block
+    assert quantize.solver_kernels(on_gpu) is ops.KERNELS
     monkeypatch.setattr(ops, "solver_problem", lambda device: "nvcc was not found")
-    assert quantize.gptq_column_loop(on_gpu) is None
+    assert quantize.solver_kernels(on_gpu) is None
     err = capsys.readouterr().err
-    assert "runs in torch" in err and "nvcc was not found" in err
+    assert "run in torch" in err and "nvcc was not found" in err
 
 
 def test_the_gptq_kernel_refuses_cpu_operands() -> None:

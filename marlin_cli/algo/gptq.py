@@ -4,8 +4,9 @@ Columns are quantized one at a time in the order chosen by act-order; each colum
 diagonal of the upper Cholesky factor U of H^-1, is propagated to the remaining columns of its block at once and to
 the rest of the matrix lazily at block end (the paper's section 3, "lazy batch updates"). The same loop prunes to 2:4
 when given a `Prune` rule (SparseGPT's `saliency_prune` or a `FixedMask`, used by algo/sparsegpt.py): pruned weights
-become 0 and their error is propagated the same way. The loop over a block's columns is `_columns` in torch, or a
-`ColumnLoop` passed in (the CUDA kernel's, kernel.ops.gptq_block).
+become 0 and their error is propagated the same way. The loop over a block's columns is `_columns` in torch and the
+clipping search of scales fixed up front `scales.clip_search`, or the `Kernels` passed in (the CUDA kernels',
+kernel.ops.KERNELS).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from marlin_cli import grid
 from marlin_cli.algo.result import QuantResult
-from marlin_cli.algo.scales import absmax, clip_candidates, group_scales
+from marlin_cli.algo.scales import ScaleSearch, absmax, clip_candidates, clip_search, group_scales
 from marlin_cli.config import ActOrder, QuantConfig
 from marlin_cli.errors import NumericalError
 
@@ -38,6 +39,15 @@ ColumnLoop = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, bool, torch.Tensor, torch.Tensor, int, int, int, int, Prune | None],
     None,
 ]
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What replaces the solve's torch loops (kernel.ops.KERNELS: one CUDA launch per block or group of columns for
+    the column loop, one per layer for the search); float32 weights on their device."""
+
+    columns: ColumnLoop
+    clip_search: ScaleSearch
 
 
 def saliency_prune(j: int, w: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -170,14 +180,14 @@ def gptq(
     hessian: torch.Tensor,
     cfg: QuantConfig,
     prune: Prune | None = None,
-    columns: ColumnLoop | None = None,
+    kernels: Kernels | None = None,
 ) -> QuantResult:
     """Quantize (N, K) weights against the (K, K) Hessian of their inputs; with `prune`, also prune them to 2:4.
 
     `prune` is asked at every column that is a multiple of 4 which of the next 4 weights of each row to drop
     (natural column order only). Computes in float64 when `weight` is float64 (for exact comparisons), else float32.
-    `columns` replaces the torch column loop for float32 weights (kernel.ops.gptq_block: one CUDA launch per block or
-    group of columns instead of about eight per column), unless `prune` is a rule it does not know.
+    `kernels` replace the torch column loop (unless `prune` is a rule it does not know) and the clipping search of
+    fixed scales, for float32 weights.
     """
     dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
     w = weight.to(dtype).clone()
@@ -207,7 +217,7 @@ def gptq(
         costs = upper.diagonal().square().reciprocal() if cfg.clip else None
         if costs is not None and perm is not None:
             costs = torch.empty_like(costs).index_copy_(0, perm, costs)  # to the natural order
-        fixed = group_scales(w, cfg.group_size, costs, cfg.clip)
+        fixed = group_scales(w, cfg.group_size, costs, cfg.clip, kernels.clip_search if kernels else clip_search)
     col_scale = None if fixed is None else fixed.repeat_interleave(g, dim=1)  # (N, K): each column's scale
     if perm is not None:
         w = w[:, perm]
@@ -217,8 +227,8 @@ def gptq(
     found: list[torch.Tensor] = []  # group scales fixed as each group starts (dynamic groups)
     error_sq = torch.zeros((), dtype=dtype, device=w.device)  # sum of the squared column errors (weighted_error)
     loop: ColumnLoop = _columns
-    if columns is not None and (prune is None or prune is saliency_prune or isinstance(prune, FixedMask)):
-        loop, w, upper = columns, w.contiguous(), upper.contiguous()
+    if kernels is not None and (prune is None or prune is saliency_prune or isinstance(prune, FixedMask)):
+        loop, w, upper = kernels.columns, w.contiguous(), upper.contiguous()
     for i1 in range(0, k, cfg.block_size):
         i2 = min(i1 + cfg.block_size, k)
         errors = torch.empty(n, i2 - i1, dtype=dtype, device=w.device)

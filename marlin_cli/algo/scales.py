@@ -3,6 +3,8 @@ squared error; GPTQ's grouped search, which runs its column loop on these candid
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from marlin_cli import grid
@@ -54,14 +56,15 @@ def clip_scales(w: torch.Tensor, costs: torch.Tensor | None) -> torch.Tensor:
     return best
 
 
-def group_scales(w: torch.Tensor, group_size: int, costs: torch.Tensor | None, clip: bool) -> torch.Tensor:
-    """(N, K) weights -> (N, K/g) scales of contiguous column groups (g = K when group_size is -1); with `clip`, the
-    search of clip_scales with per-column error costs (K,) or plain squared error (None)."""
+# The clipping search of scales fixed up front, on whole layers: (w (N, K), g, costs (K,) or None) -> (N, K / g)
+# scales, as `clip_search` defines it (kernel.ops.clip_scales is the CUDA kernel's).
+ScaleSearch = Callable[[torch.Tensor, int, "torch.Tensor | None"], torch.Tensor]
+
+
+def clip_search(w: torch.Tensor, g: int, costs: torch.Tensor | None) -> torch.Tensor:
+    """clip_scales over the contiguous column groups of (N, K) weights, a run of groups per pass."""
     n, k = w.shape
-    g = k if group_size == -1 else group_size
     groups = w.reshape(n, k // g, g)
-    if not clip:
-        return to_fp16_grid(absmax(groups, 2) / 7.5)
     group_costs = None if costs is None else costs.reshape(k // g, g)
     step = max(1, SEARCH_ELEMENTS.get(w.device.type, SEARCH_ELEMENTS["cpu"]) // (n * g))
     return torch.cat(
@@ -71,3 +74,15 @@ def group_scales(w: torch.Tensor, group_size: int, costs: torch.Tensor | None, c
         ],
         dim=1,
     )
+
+
+def group_scales(
+    w: torch.Tensor, group_size: int, costs: torch.Tensor | None, clip: bool, search: ScaleSearch = clip_search
+) -> torch.Tensor:
+    """(N, K) weights -> (N, K/g) scales of contiguous column groups (g = K when group_size is -1); with `clip`,
+    `search` with per-column error costs (K,) or plain squared error (None)."""
+    n, k = w.shape
+    g = k if group_size == -1 else group_size
+    if not clip:
+        return to_fp16_grid(absmax(w.reshape(n, k // g, g), 2) / 7.5)
+    return search(w, g, costs)

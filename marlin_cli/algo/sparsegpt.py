@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from marlin_cli.algo.gptq import KEEP, PRUNE_M, ColumnLoop, FixedMask, gptq, saliency_prune
+from marlin_cli.algo.gptq import KEEP, PRUNE_M, FixedMask, Kernels, gptq, saliency_prune
 from marlin_cli.algo.result import QuantResult
 from marlin_cli.algo.rtn import rtn
 from marlin_cli.config import QuantConfig
@@ -28,19 +28,19 @@ def magnitude_mask(weight: torch.Tensor) -> torch.Tensor:
 
 
 def sparsegpt(
-    weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig, columns: ColumnLoop | None = None
+    weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig, kernels: Kernels | None = None
 ) -> QuantResult:
-    """Prune (N, K) weights to 2:4 and quantize the rest in one pass against the (K, K) Hessian (`columns`: as gptq)."""
-    return gptq(weight, hessian, cfg, saliency_prune, columns)
+    """Prune (N, K) weights to 2:4 and quantize the rest in one pass against the (K, K) Hessian (`kernels`: as gptq)."""
+    return gptq(weight, hessian, cfg, saliency_prune, kernels)
 
 
 def magnitude_gptq(
-    weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig, columns: ColumnLoop | None = None
+    weight: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig, kernels: Kernels | None = None
 ) -> QuantResult:
     """The baseline: keep the 2 largest |w| of every 4, then GPTQ the kept weights with the mask fixed."""
     keep = magnitude_mask(weight)
     # the solve saw the pruned weights as zeros: its weighted error leaves their change out
-    return replace(gptq(weight * keep, hessian, cfg, FixedMask(keep), columns), weighted_error=None)
+    return replace(gptq(weight * keep, hessian, cfg, FixedMask(keep), kernels), weighted_error=None)
 
 
 def magnitude_rtn(weight: torch.Tensor, group_size: int, clip: bool = False) -> QuantResult:

@@ -23,7 +23,7 @@ from marlin_cli.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from marlin_cli.algo.gptq import ColumnLoop
+    from marlin_cli.algo.gptq import Kernels
     from marlin_cli.pipeline import Job
 
 FormatOpt = Annotated[
@@ -159,13 +159,14 @@ def quantize_command(
     if dry_run_:
         show_plan(dry_run(job), json_out)
     else:
-        job.column_loop = gptq_column_loop(job)
+        job.kernels = solver_kernels(job)
         run_job(job, json_out)
 
 
-def gptq_column_loop(job: Job) -> ColumnLoop | None:
-    """GPTQ's column loop on the CUDA kernel when the job runs on a GPU the kernels build for (built on first use,
-    about a minute, then cached); None, the torch loop, otherwise (with a note when that GPU cannot take it)."""
+def solver_kernels(job: Job) -> Kernels | None:
+    """GPTQ's column loop and clipping search on the CUDA kernels when the job runs on a GPU the kernels build for
+    (built on first use, about a minute, then cached); None, the torch loops, otherwise (with a note when that GPU
+    cannot take them)."""
     from marlin_cli.config import default_device
     from marlin_cli.kernel import ops
 
@@ -175,9 +176,10 @@ def gptq_column_loop(job: Job) -> ColumnLoop | None:
     note_kernel_build(job.device)
     problem = ops.solver_problem(device)
     if problem is not None:
-        err_console.print(f"note: GPTQ's column loop runs in torch, several times slower: {problem}", highlight=False)
+        note = f"note: GPTQ's column loop and clipping search run in torch, several times slower: {problem}"
+        err_console.print(note, highlight=False)
         return None
-    return ops.gptq_block
+    return ops.KERNELS
 
 
 def show_plan(plan: dict[str, Any], json_out: bool) -> None:

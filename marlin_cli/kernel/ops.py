@@ -1,8 +1,9 @@
 """Typed wrappers of the kernel ops: CUDA tensors run through the bundled kernels, CPU tensors through `reference`.
 
 `gemm` takes the dense Marlin layout, `gemm24` the 2:4 one. There is no silent fallback on a GPU: if the kernels
-cannot be built, both raise KernelUnavailable. `gptq_block` runs GPTQ's column loop (algo/gptq.py), which keeps its
-torch loop wherever `solver_problem` names a reason.
+cannot be built, both raise KernelUnavailable. `gptq_block` runs GPTQ's column loop (algo/gptq.py) and `clip_scales`
+its clipping search of fixed scales (algo/scales.py), together `KERNELS`; the solve keeps its torch loops wherever
+`solver_problem` names a reason.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import threading
 
 import torch
 
-from marlin_cli.algo.gptq import PRUNE_M, FixedMask, Prune, saliency_prune
+from marlin_cli.algo.gptq import PRUNE_M, FixedMask, Kernels, Prune, saliency_prune
+from marlin_cli.algo.scales import CLIP_FACTORS, absmax, clip_candidates
 from marlin_cli.config import GROUP_SIZES as CONFIG_GROUP_SIZES
 from marlin_cli.errors import KernelUnavailable, ShapeError
 from marlin_cli.kernel import build, reference
@@ -27,6 +29,8 @@ _fake_registered = False
 _solver_problems: dict[int, str | None] = {}
 GPTQ_MAX_COLS = 128  # columns one gptq_block launch holds per row (kernels/gptq.h, kGptqMaxCols)
 _PRUNE_NONE, _PRUNE_SALIENCY, _PRUNE_MASK = 0, 1, 2  # kernels/gptq.h, kPrune*
+CLIP_MAX_CANDIDATES = 40  # kernels/gptq.h, kClipMaxCandidates
+assert len(CLIP_FACTORS) <= CLIP_MAX_CANDIDATES
 
 
 def kernel_name(device: torch.device) -> str:
@@ -249,3 +253,26 @@ def gptq_block(
     _ensure_loaded()
     s_row, s_col = (k, 1) if per_column else (1, 0)
     torch.ops.marlin_cli.gptq_block(w, u, scale, s_row, s_col, codes, errors, e0, c0, c1, c2, keep, mode)
+
+
+def clip_scales(w: torch.Tensor, g: int, costs: torch.Tensor | None) -> torch.Tensor:
+    """algo.scales.clip_search in one launch (kernels/gptq.cu): (N, K) float32 weights on a CUDA device, groups of g
+    columns, per-column error costs (K,) or None -> (N, K / g) scales. The candidates are algo.scales' own; the error
+    sums differ from torch's only in their order, so a choice can differ where two candidates' errors tie within
+    float32 rounding: algo.scales.ScaleSearch."""
+    _check_2d(w=w)
+    n, k = w.shape
+    typed = {"w": (w, torch.float32)} | ({} if costs is None else {"costs": (costs, torch.float32)})
+    _check_operands("clip_scales", typed)
+    if g < 1 or k % g:
+        raise ShapeError(f"clip_scales: groups of {g} columns do not divide w {n} x {k}")
+    if costs is not None and costs.shape != (k,):
+        raise ShapeError(f"clip_scales: costs {tuple(costs.shape)} must be ({k},), one per column of w")
+    candidates = clip_candidates(absmax(w.view(n, k // g, g), 2)).contiguous()
+    scales = torch.empty(n, k // g, dtype=torch.float32, device=w.device)
+    _ensure_loaded()
+    torch.ops.marlin_cli.clip_scales(w, costs, candidates, scales)
+    return scales
+
+
+KERNELS = Kernels(columns=gptq_block, clip_search=clip_scales)

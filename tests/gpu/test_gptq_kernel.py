@@ -17,6 +17,7 @@ import torch
 
 from marlin_cli.algo.gptq import FixedMask, _columns, gptq, inverse_cholesky, saliency_prune
 from marlin_cli.algo.hessian import weighted_error
+from marlin_cli.algo.scales import clip_candidates, clip_search
 from marlin_cli.algo.sparsegpt import magnitude_gptq, magnitude_mask, sparsegpt
 from marlin_cli.config import QuantConfig
 from marlin_cli.errors import ShapeError
@@ -97,7 +98,7 @@ def test_rows_alike_for_every_threads_per_row(prune: str, c0: int, c1: int, c2: 
 def test_gptq_on_the_kernel_matches_the_torch_loop(act_order: str, group_size: int, clip: bool) -> None:
     w, h = correlated_problem(384, 1024, seed=group_size % 7)
     cfg = QuantConfig(group_size=group_size, act_order=act_order, clip=clip)
-    fast = gptq(w, h, cfg, columns=ops.gptq_block)
+    fast = gptq(w, h, cfg, kernels=ops.KERNELS)
     slow = gptq(w, h, cfg)
     same = (fast.codes == slow.codes).float().mean().item()
     err_fast, err_slow = weighted_error(w - fast.weight(), h), weighted_error(w - slow.weight(), h)
@@ -106,9 +107,9 @@ def test_gptq_on_the_kernel_matches_the_torch_loop(act_order: str, group_size: i
     assert abs(err_fast / err_slow - 1) <= 1e-3
     assert abs(fast.weighted_error / err_fast - 1) <= 1e-5  # the solve's own error (kernel column errors): exact
     assert fast.perm is None if slow.perm is None else torch.equal(fast.perm, slow.perm)
-    if act_order == "static" or group_size == -1:  # fixed before the solve: identical
+    if not clip and (act_order == "static" or group_size == -1):  # absmax before the solve: identical
         assert torch.equal(fast.scales, slow.scales)
-    else:  # from the updated weights: the clipping search may pick the neighbouring factor of a near tie
+    else:  # the search (its kernel, or on the updated weights) may pick the neighbouring factor of a near tie
         close = torch.isclose(fast.scales, slow.scales, rtol=1e-3, atol=0).float().mean().item()
         assert close >= 0.995, f"{close:.4%} of group scales alike"
 
@@ -119,7 +120,7 @@ def test_2_4_pruning_on_the_kernel_matches_the_torch_loop(solve, group_size: int
     """With --clip the groups' search runs the pruning rule too (the fixed mask cut to the group's columns)."""
     w, h = correlated_problem(256, 1024, seed=3)
     cfg = QuantConfig(group_size=group_size, sparse24=True, clip=clip)
-    fast = solve(w, h, cfg, columns=ops.gptq_block)
+    fast = solve(w, h, cfg, kernels=ops.KERNELS)
     slow = solve(w, h, cfg)
     same = (fast.codes == slow.codes).float().mean().item()
     err_fast, err_slow = weighted_error(w - fast.weight(), h), weighted_error(w - slow.weight(), h)
@@ -127,6 +128,37 @@ def test_2_4_pruning_on_the_kernel_matches_the_torch_loop(solve, group_size: int
     assert int((fast.codes != 8).reshape(256, 4, 256).sum(1).max()) <= 2  # 2:4 along K
     assert same >= 0.999
     assert abs(err_fast / err_slow - 1) <= 1e-3
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("g", [32, 64, 128, 1024])
+def test_clip_search_kernel_matches_torch(g: int, weighted: bool) -> None:
+    """The kernel's search (kernels/gptq.cu) against algo.scales.clip_search on the same candidates. Each element's
+    error is rounded alike, only the sums over a group run in another order: float32 sums of g positive terms in two
+    orders differ by at most about 2 g 2^-24 of the sum, so where the choices differ the kernel's must be within that
+    of torch's (float64 errors), and 99.9% must be identical."""
+    n, k = 300, 1024
+    gen = torch.Generator(device="cuda").manual_seed(g + weighted)
+    w = torch.randn(n, k, generator=gen, device="cuda")
+    w[:, :64] *= 8  # outliers in some groups, which the search is for
+    w[7, : max(g, 64)] = 0  # an all-zero group: every candidate ties, the first wins
+    costs = torch.rand(k, generator=gen, device="cuda") * 10 + 0.1 if weighted else None
+    got = torch.full((n, k // g), float("nan"), device="cuda")  # poisoned: an unwritten scale shows
+    candidates = clip_candidates(w.view(n, k // g, g).abs().amax(2)).contiguous()
+    torch.ops.marlin_cli.clip_scales(w, costs, candidates, got)
+    want = clip_search(w, g, costs)
+    assert torch.equal(ops.clip_scales(w, g, costs), got)
+
+    def error(s: torch.Tensor) -> torch.Tensor:  # per group, float64
+        x = w.double().view(n, k // g, g)
+        d = (x - (x / s.double().unsqueeze(2)).round().clamp(-8, 7) * s.double().unsqueeze(2)).square()
+        return (d if costs is None else d * costs.double().view(k // g, g)).sum(2)
+
+    same = (got == want).float().mean().item()
+    print(f"\ng={g} weighted={weighted}: {same:.4%} of {got.numel()} scales identical")
+    assert same >= 0.999
+    assert bool((error(got) <= error(want) * (1 + 2 * g * 2**-24)).all())
+    assert got[7, 0] == candidates[0, 7, 0]
 
 
 def test_bad_arguments_are_refused_before_launch() -> None:
@@ -152,3 +184,11 @@ def test_bad_arguments_are_refused_before_launch() -> None:
         ops.gptq_block(w, upper, s, False, codes, errors, 0, 2, 64, 64, saliency_prune)
     with pytest.raises(ShapeError, match="in torch"):
         ops.gptq_block(w, upper, s, False, codes, errors, 0, 0, 64, 64, lambda j, x, d: x > 0)
+    with pytest.raises(ShapeError, match="float32"):
+        ops.clip_scales(w.double(), 128, None)
+    with pytest.raises(ShapeError, match="do not divide"):
+        ops.clip_scales(w, 96, None)
+    with pytest.raises(ShapeError, match="costs"):
+        ops.clip_scales(w, 128, torch.ones(128, device="cuda"))
+    with pytest.raises(ShapeError, match="costs is on cpu"):
+        ops.clip_scales(w, 128, torch.ones(256))
