@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import resource
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -59,11 +60,28 @@ class Progress:
 ProgressFn = Callable[[Progress], None]
 
 
+def host_memory(peak: bool) -> int:
+    """This process's resident host memory in bytes, now or at its peak. On Linux from /proc/self/status (VmRSS,
+    VmHWM), which start afresh with the process's program: getrusage's peak survives exec, so a marlin started by a
+    large process (a test runner, a conversion script) would report that process's peak as its own."""
+    field = "VmHWM:" if peak else "VmRSS:"
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    # elsewhere, the peak so far (ru_maxrss: bytes on macOS, KiB on other systems)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+
+
 def peak_memory() -> dict[str, float | None]:
     """This process's peak resident host memory and the peak GPU memory torch allocated (None without a GPU), GiB."""
-    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
     gpu = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-    return {"peak_host_gib": round(host, 2), "peak_gpu_gib": None if gpu is None else round(gpu, 2)}
+    return {
+        "peak_host_gib": round(host_memory(peak=True) / 2**30, 2),
+        "peak_gpu_gib": None if gpu is None else round(gpu, 2),
+    }
 
 
 class OutputFormat(str, Enum):

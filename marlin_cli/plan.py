@@ -12,15 +12,18 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModel
 
-from marlin_cli.config import ActOrder, Method
+from marlin_cli.config import ActOrder, Method, default_device
 from marlin_cli.errors import ModelError
 from marlin_cli.io import checkpoint as ckpt
 from marlin_cli.io.safetensors_check import read_header
 from marlin_cli.model.layout import find_blocks
 from marlin_cli.model.load import calibration_length, resolve
-from marlin_cli.pipeline import Job, plan_layers
+from marlin_cli.pipeline import Job, host_memory, plan_layers
 
 GIB = 2**30
+# Host memory a GPU run adds once CUDA starts: its context, cuBLAS and cuSOLVER (0.9 GiB measured on the H200,
+# docs/gptq-log.md p1).
+CUDA_HOST_BYTES = int(0.9 * GIB)
 
 
 def dry_run(job: Job) -> dict[str, Any]:
@@ -62,6 +65,7 @@ def dry_run(job: Job) -> dict[str, Any]:
     solve_bytes = 4 * (widest[0] ** 2 * 4 + widest[0] * widest[1] * 4)
     calibrated = job.quant.method is not Method.RTN
     acts = job.calib.nsamples * seqlen * hidden * dtype.itemsize if calibrated else 0
+    device = default_device(job.device)
     return {
         "model": job.model,
         "source": str(source),
@@ -80,13 +84,28 @@ def dry_run(job: Job) -> dict[str, Any]:
         "shards": len(shards),
         "output_bytes": sum(sizes.values()),
         "estimated_peak_gpu_gib": round((block_bytes + 2 * acts + solve_bytes) / GIB, 2),
-        # blocks are read one at a time: what lies outside them, one block, the packed output, one shard being written
+        # blocks are read one at a time: what lies outside them, one block, the packed output, one shard being written;
+        # and the process itself, and on a CPU the calibration activations and the solve's matrices too
         "estimated_peak_host_gib": round(
-            (outside + block_bytes + sum(sizes.values()) + max(sum(sizes[n] for n in shard) for shard in shards)) / GIB,
+            (
+                _process_bytes(device)
+                + (0 if device.type == "cuda" else 2 * acts + solve_bytes)
+                + outside
+                + block_bytes
+                + sum(sizes.values())
+                + max(sum(sizes[n] for n in shard) for shard in shards)
+            )
+            / GIB,
             2,
         ),
         "calibration_tokens_at_most": job.calib.nsamples * seqlen if calibrated else 0,
     }
+
+
+def _process_bytes(device: torch.device) -> int:
+    """What the run's process holds before any weight: this one's resident memory (torch and transformers loaded, as
+    there), and CUDA's libraries on a GPU."""
+    return host_memory(peak=False) + (CUDA_HOST_BYTES if device.type == "cuda" else 0)
 
 
 def _checkpoint_dtype(source: Path) -> torch.dtype:
