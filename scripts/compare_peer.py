@@ -26,16 +26,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from minilm_eval import Reference  # noqa: E402
 from transformers import AutoTokenizer, BertModel  # noqa: E402
 
-from marlin_cli.algo.hessian import weighted_error  # noqa: E402
 from marlin_cli.calib.data import load_texts, token_samples  # noqa: E402
 from marlin_cli.cli.app import app  # noqa: E402
 from marlin_cli.model.load import resolve  # noqa: E402
-from marlin_cli.nn import MarlinLinear, load_quantized  # noqa: E402
 
 OURS = {"default": [], "no-clip": ["--no-clip"], "clip+group": ["--act-order", "group"]}
 NSAMPLES, SEQLEN = 128, 256  # quantize's defaults for this model (--seqlen capped by its max_seq_length)
-
-Weights = dict[str, torch.Tensor]
 
 
 def marlin(*args: str) -> float:
@@ -49,12 +45,7 @@ def marlin(*args: str) -> float:
     return time.perf_counter() - started
 
 
-def checkpoint_weights(path: Path) -> Weights:
-    model = load_quantized(path)
-    return {n: m.dequantized_weight() for n, m in model.named_modules() if isinstance(m, MarlinLinear)}
-
-
-def peer_weights(names: list[str]) -> tuple[Weights, float]:
+def peer_weights(names: list[str]) -> tuple[dict[str, torch.Tensor], float]:
     """llm-compressor's default GPTQ on our calibration samples: the fake-quantized weights, and its wall time."""
     from datasets import Dataset
     from llmcompressor import oneshot
@@ -73,35 +64,24 @@ def peer_weights(names: list[str]) -> tuple[Weights, float]:
     return {n: model.get_submodule(n).weight.detach().float().clone() for n in names}, seconds
 
 
-def score(reference: Reference, weights: Weights) -> tuple[float, float]:
-    """Summed held-out error and mean embedding cosine of `weights` put into the original model."""
-    model = BertModel.from_pretrained(resolve("minilm")).eval()
-    total = 0.0
-    with torch.no_grad():
-        for name, wq in weights.items():
-            total += weighted_error(reference.linears[name].weight.float() - wq, reference.hessians[name].matrix)
-            model.get_submodule(name).weight.copy_(wq)
-    return total, float((reference.embed(model) * reference.embeddings).sum(1).mean())
-
-
 def main(recipes: list[str]) -> None:
     reference = Reference()
-    rows: list[tuple[str, Weights, float | None]] = []
+    rows: list[tuple[str, dict, float | None]] = []
     with tempfile.TemporaryDirectory() as tmp:
         marlin("pack", "minilm", f"{tmp}/rtn")
-        rows.append(("RTN (marlin pack)", checkpoint_weights(Path(tmp, "rtn")), None))
+        rows.append(("RTN (marlin pack)", reference.evaluate(Path(tmp, "rtn")), None))
         for recipe in recipes:
             seconds = marlin("quantize", "minilm", f"{tmp}/{recipe}", *OURS[recipe])
-            rows.append((f"marlin quantize {' '.join(OURS[recipe]) or '(default)'}",
-                         checkpoint_weights(Path(tmp, recipe)), seconds))  # fmt: skip
-    weights, seconds = peer_weights(list(rows[0][1]))
-    rows.append(("llm-compressor default (W4A16, static)", weights, seconds))
-    scored = [(label, *score(reference, w), s) for label, w, s in rows]
-    rtn = scored[0][1]
+            label = f"marlin quantize {' '.join(OURS[recipe]) or '(default)'}"
+            rows.append((label, reference.evaluate(Path(tmp, recipe)), seconds))
+    weights, seconds = peer_weights(list(rows[0][1]["errors"]))
+    rows.append(("llm-compressor default (W4A16, static)", reference.score(weights), seconds))
+    rtn = sum(rows[0][1]["errors"].values())
     print(f"\nMiniLM, 4-bit g128, {len(reference.texts)} held-out paragraphs\n")
     print("| recipe | error vs RTN | embedding cosine | wall time (s) |\n| --- | --- | --- | --- |")
-    for label, error, cosine, s in scored:
-        print(f"| {label} | {error / rtn:.4f} | {cosine:.4f} | {'' if s is None else f'{s:.1f}'} |")
+    for label, got, s in rows:
+        error = sum(got["errors"].values()) / rtn
+        print(f"| {label} | {error:.4f} | {got['cosine']:.4f} | {'' if s is None else f'{s:.1f}'} |")
 
 
 if __name__ == "__main__":

@@ -65,14 +65,18 @@ class Reference:
     def evaluate(self, checkpoint: Path) -> dict:
         """Per-layer held-out errors and the mean embedding cosine of a checkpoint."""
         quantized = load_quantized(checkpoint)
+        return self.score(
+            {n: m.dequantized_weight() for n, m in quantized.named_modules() if isinstance(m, MarlinLinear)}
+        )
+
+    def score(self, weights: dict[str, torch.Tensor]) -> dict:
+        """Per-layer held-out errors and the mean embedding cosine of quantized layer weights (name -> (N, K)) put
+        into the original model."""
         dense = BertModel.from_pretrained(resolve("minilm")).eval()
         errors = {}
         with torch.no_grad():
-            for name, module in quantized.named_modules():
-                if isinstance(module, MarlinLinear):
-                    w = self.linears[name].weight.float()
-                    wq = module.dequantized_weight()
-                    errors[name] = weighted_error(w - wq, self.hessians[name].matrix)
-                    dense.get_submodule(name).weight.copy_(wq)
+            for name, wq in weights.items():
+                errors[name] = weighted_error(self.linears[name].weight.float() - wq, self.hessians[name].matrix)
+                dense.get_submodule(name).weight.copy_(wq)
         cosine = (self.embed(dense) * self.embeddings).sum(1)
         return {"errors": errors, "cosine": float(cosine.mean())}
