@@ -65,6 +65,7 @@ def dry_run(job: Job) -> dict[str, Any]:
     solve_bytes = 4 * (widest[0] ** 2 * 4 + widest[0] * widest[1] * 4)
     calibrated = job.quant.method is not Method.RTN
     acts = job.calib.nsamples * seqlen * hidden * dtype.itemsize if calibrated else 0
+    working = 2 * acts + solve_bytes  # on the job's device, beside one block
     device = default_device(job.device)
     return {
         "model": job.model,
@@ -83,13 +84,13 @@ def dry_run(job: Job) -> dict[str, Any]:
         ],
         "shards": len(shards),
         "output_bytes": sum(sizes.values()),
-        "estimated_peak_gpu_gib": round((block_bytes + 2 * acts + solve_bytes) / GIB, 2),
+        "estimated_peak_gpu_gib": round((block_bytes + working) / GIB, 2),
         # blocks are read one at a time: what lies outside them, one block, the packed output, one shard being written;
         # and the process itself, and on a CPU the calibration activations and the solve's matrices too
         "estimated_peak_host_gib": round(
             (
                 _process_bytes(device)
-                + (0 if device.type == "cuda" else 2 * acts + solve_bytes)
+                + (0 if device.type == "cuda" else working)
                 + outside
                 + block_bytes
                 + sum(sizes.values())
