@@ -5,13 +5,21 @@
 // (cp.async.bulk, completing on an mbarrier). A read-only grid-stride loop over the same bytes gives the reference.
 // perf-log compares the kernel's steady state with these figures.
 //
+// `floor`: what any kernel that reads a layer's weights once pays on the bench's terms. The read-only loop over each
+// bench layer's bytes in both formats (dense: 4-bit codes and group-128 scales; 2:4: 3 bits a weight and the same
+// scales), in a CUDA graph of back-to-back launches as scripts/bench_kernel.py times them, three ways: plain launches;
+// programmatic dependent launch with every read after the wait for the previous launch (as activations must be); and
+// with every read before that wait (weights that no kernel writes, prefetched without limit). Per layer set it prints
+// the sums and the dense / 2:4 ratio each way (perf-log pd2).
+//
 // Build and run on the H200 (no torch needed):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/bench_stream scripts/bench_stream_pattern.cu
-//   /tmp/bench_stream
+//   /tmp/bench_stream [floor]
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 namespace {
@@ -141,6 +149,25 @@ __global__ void __launch_bounds__(kThreads) read_all(const int4* b, int64_t n16,
   if (x == 0x12345678) sink[0] = x;
 }
 
+// read_all with the programmatic-dependent-launch handshake: the next launch may start at once, and this one waits
+// for the previous before its reads (AFTER) or after them (before its only store, as a GEMM's output).
+template <bool AFTER>
+__global__ void __launch_bounds__(kThreads) read_all_pdl(const int4* b, int64_t n16, uint32_t* sink) {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  if (AFTER) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  uint32_t x = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n16;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    int4 v;
+    asm volatile("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(b + i));
+    x ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (!AFTER) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (x == 0x12345678) sink[0] = x;
+}
+
 }  // namespace
 
 template <class Launch>
@@ -166,9 +193,102 @@ void set_smem() {
   cudaFuncSetAttribute(stream_bulk<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, STAGES * kTile);
 }
 
-int main() {
+// Microseconds per launch of launch(i), i rotating over `copies`: a CUDA graph of 64 launches, replayed `reps` times.
+template <class Launch>
+float graph_us(Launch&& launch, int copies, int reps) {
+  cudaStream_t st;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  constexpr int kLaunches = 64;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+  for (int i = 0; i < kLaunches; ++i) launch(i % copies, st);
+  cudaStreamEndCapture(st, &graph);
+  cudaGraphInstantiate(&exec, graph, 0);
+  for (int r = 0; r < 2; ++r) cudaGraphLaunch(exec, st);  // warm-up
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start, st);
+  for (int r = 0; r < reps; ++r) cudaGraphLaunch(exec, st);
+  cudaEventRecord(stop, st);
+  cudaEventSynchronize(stop);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  return ms * 1000.f / (reps * kLaunches);
+}
+
+int floor_main(int sms) {
+  uint32_t* sink = nullptr;
+  cudaMalloc(&sink, 4);
+  struct Set {
+    const char* name;
+    int shapes[4][2];
+  };
+  const Set sets[] = {{"7b", {{4096, 12288}, {4096, 4096}, {4096, 22016}, {11008, 4096}}},
+                      {"70b", {{8192, 10240}, {8192, 8192}, {8192, 57344}, {28672, 8192}}}};
+  const char* ways[] = {"plain", "pdl, reads after the wait", "pdl, reads before the wait"};
+  printf("%-5s %-12s %-6s %9s %9s %9s\n", "set", "layer", "format", "plain", "after", "before");
+  for (const Set& set : sets) {
+    float sum[2][3] = {};
+    for (const auto& kn : set.shapes) {
+      const int64_t k = kn[0], n = kn[1], scales = k / 128 * n * 2;
+      for (int f = 0; f < 2; ++f) {
+        const int64_t bytes = (f == 0 ? k * n / 2 : k * n * 3 / 8) + scales;
+        const int copies = static_cast<int>((512ll << 20) / bytes) + 1;  // > 512 MB: never from L2
+        std::vector<int4*> bufs(copies);
+        for (auto& p : bufs) {
+          cudaMalloc(&p, bytes);
+          cudaMemset(p, 0x5a, bytes);
+        }
+        float us[3];
+        for (int w = 0; w < 3; ++w) {
+          us[w] = graph_us(
+              [&](int i, cudaStream_t st) {
+                cudaLaunchAttribute pdl[1];
+                pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                pdl[0].val.programmaticStreamSerializationAllowed = 1;
+                cudaLaunchConfig_t cfg = {};
+                cfg.gridDim = dim3(sms * 8);
+                cfg.blockDim = dim3(kThreads);
+                cfg.stream = st;
+                cfg.attrs = pdl;
+                cfg.numAttrs = w == 0 ? 0 : 1;
+                const int4* b = bufs[i];
+                if (w == 0) cudaLaunchKernelEx(&cfg, read_all, b, bytes / 16, sink);
+                if (w == 1) cudaLaunchKernelEx(&cfg, read_all_pdl<true>, b, bytes / 16, sink);
+                if (w == 2) cudaLaunchKernelEx(&cfg, read_all_pdl<false>, b, bytes / 16, sink);
+              },
+              copies, 20);
+          sum[f][w] += us[w];
+        }
+        printf("%-5s %5lldx%-6lld %-6s %9.2f %9.2f %9.2f\n", set.name, static_cast<long long>(k),
+               static_cast<long long>(n), f == 0 ? "dense" : "2:4", us[0], us[1], us[2]);
+        for (auto p : bufs) cudaFree(p);
+      }
+    }
+    for (int w = 0; w < 3; ++w) {
+      printf("%-5s sum, %-27s dense %7.2f  2:4 %7.2f  ratio %.3f\n", set.name, ways[w], sum[0][w], sum[1][w],
+             sum[0][w] / sum[1][w]);
+    }
+  }
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    printf("CUDA error: %s\n", cudaGetErrorString(err));
+    return 1;
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  if (argc > 1 && std::string(argv[1]) == "floor") return floor_main(sms);
   set_smem<4>();
   set_smem<8>();
   set_smem<12>();
