@@ -594,10 +594,15 @@ struct RowParts {
 // sums are element (L::row(t, e), L::col(t, e)) of the band, scaled per channel by the scale at L::scale(column);
 // where a thread's four are not consecutive columns of a row (L::STAGED), they meet as fp16 in shared memory and go to
 // C in 16-byte row chunks. Threads whose values are all in rows past m load nothing.
+// Where the GEMM's grid took every block slot (p.early_dependents), the next kernel may start as soon as this one's
+// blocks all run: its blocks take the SMs the GEMM leaves and read their first weights while the parts are added (its
+// own wait covers this kernel, which waits for the GEMM). Beside a smaller grid they would start on the free slots at
+// once, as pipeline() says, so there the next kernel starts once the GEMM is done (perf-log pd1).
 template <class L, bool GROUPED>
 __global__ void __launch_bounds__(L::THREADS) add_parts_kernel(const Params p) {
+  if (p.early_dependents) allow_dependents();
   grid_dependency_wait();
-  allow_dependents();  // the GEMM is done: the next kernel may take the SMs it left
+  if (!p.early_dependents) allow_dependents();
   const int n_cols = p.n / L::W;
   const int band = blockIdx.x % (L::R / 8);
   const int col = blockIdx.x / (L::R / 8) % n_cols;
