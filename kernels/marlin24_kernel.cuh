@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   const uint32_t ring = detail::smem_addr(smem);
   auto at = [&](uint32_t st) { return smem + (st - ring) / 16; };
   detail::pipeline<C::STAGES, C::STAGE * 16>(
-      run, ring, p.early_dependents, [&](uint32_t st, detail::Copies what) { load_stage(at(st), what); }, [] {},
+      run, ring, p.early_dependents, [&](uint32_t st, detail::Copies what, int) { load_stage(at(st), what); }, [] {},
       [&](uint32_t st) { compute_stage(at(st)); }, finish);
 }
 

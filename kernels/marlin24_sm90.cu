@@ -110,7 +110,7 @@ struct Sm90Loader {
     return (C::A_STAGE * 4 + s * 256 + w * 64 + h * 32 + ((4 * g + t + 4 * h + 8 * w) & 31)) * 4;
   }
 
-  __device__ __forceinline__ void load(uint32_t st, Copies what = Copies::kAll) {
+  __device__ __forceinline__ void load(uint32_t st, Copies what = Copies::kAll, int = 0) {
     const int tid = threadIdx.x - C::LOAD_TID0;
     const int row = ld_kt * C::KT;  // first k32 row of the tile
     const bool weights = what != Copies::kActs, acts = what != Copies::kWeights;

@@ -258,6 +258,9 @@ struct Cfg {
   static constexpr int W = 64 * NS;       // columns of the block tile
   static constexpr int A_CHUNKS = 2 * KT;  // 16-byte chunks per A row per stage
   static constexpr bool A_PANELS = false;  // the A tile row-major (StageLoader)
+  // Tiles whose weights pipeline() issues before the wait for the previous kernel: all of the prologue's, up to 3
+  // (against one: 7B m = 1-8 -3%, 70B -1 to -4%; the wgmma kernels lost 2-13% so and keep one: perf-log pw2).
+  static constexpr int AHEAD = STAGES - 1 < 3 ? STAGES - 1 : 3;
   static constexpr int A_STAGE = R * A_CHUNKS;   // int4 per stage
   static constexpr int B_STAGE = KT * NS * 32;   // int4 per stage (one per lane per k16 tile per strip)
   static constexpr int S_ROWS = KT / 2;          // most scale rows one stage can span (group size 32)
@@ -315,10 +318,40 @@ __device__ __forceinline__ int a_panel_chunk(int r, int j) {
   return (j / 8) * ROWS * 8 + r * 8 + ((j % 8) ^ (r % 8));
 }
 
-// What a loader's load(st) copies of its next tile: the weights alone (codes, 2:4 metadata, scales; the tile stays
-// next: pipeline() issues them before the wait for the previous kernel), then its activations, or both at once; the
-// latter two move on to the tile after.
-enum class Copies { kWeights, kActs, kAll };
+// What a loader's load(st, what, kt) copies into the stage at st: kAll, its next tile's copies, then moves on to the
+// tile after. pipeline()'s prologue with one tile ahead: kWeights, that tile's weights alone (codes, 2:4 metadata,
+// scales), issued before the wait for the previous kernel, the tile staying next; kActs, its activations after the
+// wait, then on to the tile after. With more tiles ahead (StageLoader only): kWeightsNext, the next tile's weights,
+// then the tile after; kActsNow, the activations of the AHEAD tiles from k-tile kt into the ring's first stages, by
+// plain loads and stores (prologue_acts).
+enum class Copies { kWeights, kActs, kAll, kWeightsNext, kActsNow };
+
+// kActsNow's copies: copy i < N of stage s < S (STAGE_BYTES apart from st) stores src(kt_s, i) at dst(i), zeros where
+// src gives nullptr and nothing where has(i) is false; kt_s is the stage's k-tile, kt + s wrapped at k_tiles. Every
+// load is issued before the first store.
+template <int S, int N, uint32_t STAGE_BYTES, class Has, class Src, class Dst>
+__device__ __forceinline__ void prologue_acts(uint32_t st, int kt, int k_tiles, Has&& has, Src&& src, Dst&& dst) {
+  int4 v[S][N];
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int4* from = has(i) ? src(kt, i) : nullptr;
+      v[s][i] = from ? __ldcg(from) : make_int4(0, 0, 0, 0);
+    }
+    if (++kt == k_tiles) kt = 0;
+  }
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (has(i)) {
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + s * STAGE_BYTES + dst(i)),
+                     "r"(v[s][i].x), "r"(v[s][i].y), "r"(v[s][i].z), "r"(v[s][i].w)
+                     : "memory");
+      }
+    }
+}
 
 // A stage holds, from its first byte: the A tile (R rows x A_CHUNKS 16-byte chunks), the packed weights (KT rows x
 // NS strips x 32 lanes of 16 bytes, in copy order, so a lane later reads its own 16 bytes) and the scale rows the
@@ -388,11 +421,21 @@ struct StageLoader {
     ld_g8 = ld_kt * s_stage_rows;
   }
 
-  // Issues the copies `what` of the next tile into the stage at shared-memory address st, then (but for kWeights)
-  // moves to the tile after.
-  __device__ __forceinline__ void load(uint32_t st, Copies what = Copies::kAll) {
+  // Issues the copies `what` (Copies) into the stage at shared-memory address st; kt: kActsNow's first k-tile.
+  __device__ __forceinline__ void load(uint32_t st, Copies what = Copies::kAll, int kt = 0) {
     const int tid = threadIdx.x;
-    const bool weights = what != Copies::kActs, acts = what != Copies::kWeights;
+    auto has = [&](int i) { return C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE; };
+    auto real = [&](int i) { return i * A_ROWS < a_rows; };  // rows past m: zero-filled, without a global read
+    if constexpr (C::AHEAD > 1) {
+      if (what == Copies::kActsNow) {
+        prologue_acts<C::AHEAD, A_PER, C::STAGE * 16>(
+            st, kt, k_tiles, has,
+            [&](int kt_s, int i) { return real(i) ? a_g + (kt_s * C::A_CHUNKS + a_src + i * a_pass) : nullptr; },
+            [&](int i) { return a_dst + i * A_PASS; });
+        return;
+      }
+    }
+    const bool weights = what != Copies::kActs, acts = what == Copies::kActs || what == Copies::kAll;
     if (weights) {
 #pragma unroll
       for (int i = 0; i < C::B_STAGE / C::THREADS; ++i) cp_async16(st + b_dst + i * C::THREADS * 16, ld_b + i * b_pass);
@@ -400,15 +443,14 @@ struct StageLoader {
     if (acts) {
 #pragma unroll
       for (int i = 0; i < A_PER; ++i) {
-        if (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE) {
-          const bool real = i * A_ROWS < a_rows;  // rows past m: zero-filled, the source clamped to row 0
-          cp_async16_zfill(st + a_dst + i * A_PASS, a_g + (ld_a + (real ? a_src + i * a_pass : 0)),
-                           real ? 16 : 0);
+        if (has(i)) {  // the source clamped to row 0 where not real
+          cp_async16_zfill(st + a_dst + i * A_PASS, a_g + (ld_a + (real(i) ? a_src + i * a_pass : 0)),
+                           real(i) ? 16 : 0);
         }
       }
     }
     if (weights && s_copy) cp_async16(st + s_dst, ld_s + (ld_g8 >> 3) * s_row);  // int: below the scales' int4 count
-    if (!acts) return;
+    if (what == Copies::kWeights) return;
     if (++ld_kt == k_tiles) {
       ld_kt = 0;
       ++ld_col;
@@ -671,26 +713,41 @@ __global__ void __launch_bounds__(L::THREADS) add_parts_kernel(const Params p) {
 // kernel may start at once when this grid takes every block slot (`early_dependents`: its blocks then only get the
 // SMs this kernel's blocks leave; with slots free they would start beside this kernel's blocks, and some SMs would
 // later run two of them while others ran one: 7B layers with n = 4096 at m = 64, +18%), then the wait for the
-// previous kernel, with the first tile's weights already in flight, so that they stream in while that kernel drains
-// (only the first: the first stage's wait covers every copy issued before the wait, and with the weights of all
-// STAGES - 1 prologue tiles ahead the first compute waited for them all: perf-log pw1). load(st, what) issues the
-// copies (Copies) of the run's next tile into stage st;
+// previous kernel, with the weights of the first AHEAD tiles already in flight, so that they stream in while that
+// kernel drains. With one tile ahead its activations join its cp.async group after the wait (with more tiles in that
+// group the first compute waited for all of them: perf-log pw1). With more, each tile's weights are a group of their
+// own and their activations are copied by plain loads and stores once the rest of the prologue is issued (perf-log
+// pw2). load(st, what, kt) issues copies (Copies) into stage st;
 // ready() runs once the current stage has landed for this thread, before the block barrier; compute(st) consumes
 // it; finish(col, seg_begin, seg_end) ends the part of the run inside column strip col (at a strip's last tile and
 // at the run's last). One copy of the loop body: unrolling it over the ring (static slot addresses) made a 160 KB
 // kernel that ran out of the instruction cache (v1); the slot addresses are registers advanced once per stage.
-template <int STAGES, uint32_t STAGE_BYTES, class Load, class Ready, class Compute, class Finish>
+template <int STAGES, uint32_t STAGE_BYTES, int AHEAD = 1, class Load, class Ready, class Compute, class Finish>
 __device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, bool early_dependents, Load&& load, Ready&& ready,
                                          Compute&& compute, Finish&& finish) {
+  static_assert(AHEAD >= 1 && AHEAD < STAGES, "the tiles ahead are prologue tiles");
   const uint32_t ring_end = ring + STAGES * STAGE_BYTES;
   if (early_dependents) allow_dependents();
-  load(ring, Copies::kWeights);  // every run has a tile (plan_run)
-  grid_dependency_wait();
+  if constexpr (AHEAD == 1) {
+    load(ring, Copies::kWeights, 0);  // every run has a tile (plan_run)
+    grid_dependency_wait();
+    load(ring, Copies::kActs, 0);
+    cp_async_commit();
+  } else {
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < r.n_iter) load(ring + s * STAGE_BYTES, s == 0 ? Copies::kActs : Copies::kAll);
+    for (int s = 0; s < AHEAD; ++s) {
+      if (s < r.n_iter) load(ring + s * STAGE_BYTES, Copies::kWeightsNext, 0);
+      cp_async_commit();
+    }
+    grid_dependency_wait();
+  }
+#pragma unroll
+  for (int s = AHEAD; s < STAGES - 1; ++s) {
+    if (s < r.n_iter) load(ring + s * STAGE_BYTES, Copies::kAll, 0);
     cp_async_commit();
   }
+  // last, since each thread waits here for its loads; stages past the run's tiles take activations they never use
+  if constexpr (AHEAD > 1) load(ring, Copies::kActsNow, r.t_begin % r.k_tiles);
   int seg_begin = r.t_begin;
   uint32_t slot = ring, slot_next = ring + (STAGES - 1) * STAGE_BYTES;
   int cur_col = r.t_begin / r.k_tiles;
@@ -700,7 +757,7 @@ __device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, bool early
     cp_async_wait<STAGES - 2>();  // stage `it` has landed
     ready();
     __syncthreads();  // ... for every thread, and every thread is done with stage it - 1
-    if (it + STAGES - 1 < r.n_iter) load(slot_next, Copies::kAll);
+    if (it + STAGES - 1 < r.n_iter) load(slot_next, Copies::kAll, 0);
     cp_async_commit();
     compute(slot);
     slot = slot + STAGE_BYTES == ring_end ? ring : slot + STAGE_BYTES;
@@ -719,10 +776,10 @@ __device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, bool early
   cp_async_wait<0>();
 }
 
-// pipeline()'s load(st, what) for a loader with load(st, what).
+// pipeline()'s load(st, what, kt) for a loader with load(st, what, kt).
 template <class L>
 __device__ __forceinline__ auto loader_load(L& loader) {
-  return [&loader](uint32_t st, Copies what) { loader.load(st, what); };
+  return [&loader](uint32_t st, Copies what, int kt) { loader.load(st, what, kt); };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -889,8 +946,8 @@ __global__ void __launch_bounds__(kThreads, C::MIN_BLOCKS) gemm_kernel(const Par
   };
 
   // --- main loop ---------------------------------------------------------------------------------------------
-  pipeline<C::STAGES, C::STAGE * 16>(run, smem_addr(smem), p.early_dependents, loader_load(loader), [] {},
-                                     compute_stage, finish);
+  pipeline<C::STAGES, C::STAGE * 16, C::AHEAD>(run, smem_addr(smem), p.early_dependents, loader_load(loader),
+                                               [] {}, compute_stage, finish);
 }
 
 constexpr int kMaxDevices = 64;
@@ -1068,6 +1125,7 @@ struct Sm90Cfg {
   static constexpr int DEPTH = 16 * KT;  // k per tile
   static constexpr int A_CHUNKS = 2 * KT;
   static constexpr bool A_PANELS = true;  // the A tile as 64-deep swizzle panels (StageLoader)
+  static constexpr int AHEAD = 1;  // pipeline(): one tile's weights before the wait (perf-log pw1, pw2)
   static constexpr int A_STAGE = R * A_CHUNKS;
   static constexpr int B_STAGE = KT * NS * 32;
   static constexpr int S_ROWS = KT / 2;
