@@ -135,8 +135,14 @@ __global__ void __launch_bounds__(kThreads) stream_bulk(const char* b, Shape s, 
   if (x == 0x12345678) sink[0] = x;
 }
 
-// Read-only reference: every byte once, 16 bytes per thread per step, grid-stride.
+// Read-only reference: every byte once, 16 bytes per thread per step, grid-stride. With programmatic dependent
+// launch (any R but kPlain) the next launch may start at once, and this one waits for the previous before its reads
+// (kAfterWait, as a GEMM's activations) or after them, before its only store (kBeforeWait).
+enum class Reads { kPlain, kAfterWait, kBeforeWait };
+template <Reads R>
 __global__ void __launch_bounds__(kThreads) read_all(const int4* b, int64_t n16, uint32_t* sink) {
+  if (R != Reads::kPlain) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  if (R == Reads::kAfterWait) asm volatile("griddepcontrol.wait;\n" ::: "memory");
   uint32_t x = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n16;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
@@ -146,25 +152,7 @@ __global__ void __launch_bounds__(kThreads) read_all(const int4* b, int64_t n16,
                  : "l"(b + i));
     x ^= v.x ^ v.y ^ v.z ^ v.w;
   }
-  if (x == 0x12345678) sink[0] = x;
-}
-
-// read_all with the programmatic-dependent-launch handshake: the next launch may start at once, and this one waits
-// for the previous before its reads (AFTER) or after them (before its only store, as a GEMM's output).
-template <bool AFTER>
-__global__ void __launch_bounds__(kThreads) read_all_pdl(const int4* b, int64_t n16, uint32_t* sink) {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  if (AFTER) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  uint32_t x = 0;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n16;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    int4 v;
-    asm volatile("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(b + i));
-    x ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (!AFTER) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (R == Reads::kBeforeWait) asm volatile("griddepcontrol.wait;\n" ::: "memory");
   if (x == 0x12345678) sink[0] = x;
 }
 
@@ -260,9 +248,9 @@ int floor_main(int sms) {
                 cfg.attrs = pdl;
                 cfg.numAttrs = w == 0 ? 0 : 1;
                 const int4* b = bufs[i];
-                if (w == 0) cudaLaunchKernelEx(&cfg, read_all, b, bytes / 16, sink);
-                if (w == 1) cudaLaunchKernelEx(&cfg, read_all_pdl<true>, b, bytes / 16, sink);
-                if (w == 2) cudaLaunchKernelEx(&cfg, read_all_pdl<false>, b, bytes / 16, sink);
+                if (w == 0) cudaLaunchKernelEx(&cfg, read_all<Reads::kPlain>, b, bytes / 16, sink);
+                if (w == 1) cudaLaunchKernelEx(&cfg, read_all<Reads::kAfterWait>, b, bytes / 16, sink);
+                if (w == 2) cudaLaunchKernelEx(&cfg, read_all<Reads::kBeforeWait>, b, bytes / 16, sink);
               },
               copies, 20);
           sum[f][w] += us[w];
@@ -315,7 +303,7 @@ int main(int argc, char** argv) {
     };
     const int reps = 200;
     report("read-only, grid-stride", time_us([&](int i) {
-             read_all<<<sms * 8, kThreads>>>(reinterpret_cast<const int4*>(bufs[i]), bytes / 16, sink);
+             read_all<Reads::kPlain><<<sms * 8, kThreads>>>(reinterpret_cast<const int4*>(bufs[i]), bytes / 16, sink);
            }, copies, reps));
 #define CASE(KERNEL, STAGES, BPS)                                                                   \
   report(#KERNEL " " #STAGES " stages x " #BPS, time_us([&](int i) {                               \
