@@ -396,7 +396,8 @@ __device__ __forceinline__ void await_parts(int* flag, int parts, int tid) {
 
 // The end of the part of a run inside column strip col (tiles [seg_begin, seg_end)), once the strip's wgmma are done:
 // a whole strip goes straight to C (columns by Cols), a part of one is saved to its workspace slot in register order
-// (RegisterParts) for add_parts_kernel, which the host launches after the kernel when strips are split. Thread tid of
+// (RegisterParts; rows past m skipped: add_parts_kernel reads none) for add_parts_kernel, which the host launches
+// after the kernel when strips are split. Thread tid of
 // the C::THREADS computing ones; the accumulators are zeroed for the next strip. A thread holds 2 C::ACC of the
 // tile's C::R rows: all of them, or (RB = 2: the 2:4 kernel's 128 x 128 tiles) those of its warpgroup's row block.
 // OWN (warp-specialized kernels) with p.flags set: the blocks add the parts themselves. A strip's later parts are
@@ -450,10 +451,14 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
     }
   } else {
     float4* dst = reinterpret_cast<float4*>(part);
+    // float4 v of a tile holds rows row0 + 8v and row0 + 8v + 1; those past m are not saved (the sums of the block
+    // adding a strip's parts itself take whatever the slot holds there, and never store those rows)
+    const int row0 = rb * N + 2 * (t % 4);
 #pragma unroll
     for (int j = 0; j < J; ++j)
 #pragma unroll
       for (int v = 0; v < C::ACC / 4; ++v) {
+        if (row0 + 8 * v >= run.m_rows) continue;
         dst[at(j, v)] = make_float4(acc[j][4 * v], acc[j][4 * v + 1], acc[j][4 * v + 2], acc[j][4 * v + 3]);
       }
     if (own) count_part(p.flags + kFlagsPerBlock * (first_block + strip_begin / run.iters) + wg, tid);
