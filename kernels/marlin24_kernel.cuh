@@ -202,8 +202,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 
   int ld_col = run.t_begin / k_tiles;
   int ld_kt = run.t_begin - ld_col * k_tiles;
-  auto load_stage = [&](int4* st, detail::Copies what) {  // as StageLoader::load
+  auto load_stage = [&](int4* st, detail::Copies what, int kt) {  // as StageLoader::load
     const bool weights = what != detail::Copies::kActs, acts = what != detail::Copies::kWeights;
+    const int a_tile = (what == detail::Copies::kActs ? kt : ld_kt) * C::A_CHUNKS;
     int4* sa = st;
     int4* sb = sa + C::A_STAGE;
     int4* sm = sb + C::B_STAGE;
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 #pragma unroll
     for (int i = 0; i < A_PER; ++i) {
       if (acts && (C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE)) {
-        cp_async16_zfill(sa + a_dst[i], a_g + ld_kt * C::A_CHUNKS + a_src[i], a_bytes[i]);
+        cp_async16_zfill(sa + a_dst[i], a_g + a_tile + a_src[i], a_bytes[i]);
       }
     }
     const int4* s_base = p.s + static_cast<int64_t>(ld_kt) * s_rows * s_row + ld_col * (C::W / 8);
@@ -230,7 +231,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
     for (int i = 0; i < S_PER; ++i) {
       if (weights && tid + i * C::THREADS < s_count) cp_async16(ss + tid + i * C::THREADS, s_base + s_src[i]);
     }
-    if (!acts) return;
+    if (!weights) return;
     if (++ld_kt == k_tiles) {
       ld_kt = 0;
       ++ld_col;
@@ -343,7 +344,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   const uint32_t ring = detail::smem_addr(smem);
   auto at = [&](uint32_t st) { return smem + (st - ring) / 16; };
   detail::pipeline<C::STAGES, C::STAGE * 16>(
-      run, ring, p.early_dependents, [&](uint32_t st, detail::Copies what, int) { load_stage(at(st), what); }, [] {},
+      run, ring, p.early_dependents, [&](uint32_t st, detail::Copies what, int kt) { load_stage(at(st), what, kt); }, [] {},
       [&](uint32_t st) { compute_stage(at(st)); }, finish);
 }
 

@@ -110,10 +110,11 @@ struct Sm90Loader {
     return (C::A_STAGE * 4 + s * 256 + w * 64 + h * 32 + ((4 * g + t + 4 * h + 8 * w) & 31)) * 4;
   }
 
-  __device__ __forceinline__ void load(uint32_t st, Copies what = Copies::kAll, int = 0) {
+  __device__ __forceinline__ void load(uint32_t st, Copies what = Copies::kAll, int kt = 0) {
     const int tid = threadIdx.x - C::LOAD_TID0;
     const int row = ld_kt * C::KT;  // first k32 row of the tile
     const bool weights = what != Copies::kActs, acts = what != Copies::kWeights;
+    const int a_tile = (what == Copies::kActs ? kt : ld_kt) * C::A_CHUNKS;
     if (weights && C::WORD_MAJOR) {
       const uint32_t* b = reinterpret_cast<const uint32_t*>(p.b) + static_cast<int64_t>(row) * (2 * p.n) +
                           ld_col * (2 * C::W) + tid;
@@ -145,7 +146,7 @@ struct Sm90Loader {
         for (int q = 0; q < C::R / 16; ++q) {
           const bool real = 16 * q < a_rows;  // rows past m: zero-filled, the source clamped to row 0
           cp_async16_zfill(st + a_dst + (pn * C::R + 16 * q) * 128,
-                           a_g + ld_kt * C::A_CHUNKS + 8 * pn + (real ? a_src + 16 * q * (p.k / 8) : 0),
+                           a_g + a_tile + 8 * pn + (real ? a_src + 16 * q * (p.k / 8) : 0),
                            real ? 16 : 0);
         }
     }
@@ -158,7 +159,7 @@ struct Sm90Loader {
         }
       }
     }
-    if (!acts) return;  // the tile stays next
+    if (!weights) return;
     if (++ld_kt == p.k / C::DEPTH) {
       ld_kt = 0;
       ++ld_col;

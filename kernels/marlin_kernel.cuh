@@ -318,13 +318,13 @@ __device__ __forceinline__ int a_panel_chunk(int r, int j) {
   return (j / 8) * ROWS * 8 + r * 8 + ((j % 8) ^ (r % 8));
 }
 
-// What a loader's load(st, what, kt) copies into the stage at st: kAll, its next tile's copies, then moves on to the
-// tile after. pipeline()'s prologue with one tile ahead: kWeights, that tile's weights alone (codes, 2:4 metadata,
-// scales), issued before the wait for the previous kernel, the tile staying next; kActs, its activations after the
-// wait, then on to the tile after. With more tiles ahead (StageLoader only): kWeightsNext, the next tile's weights,
-// then the tile after; kActsNow, the activations of the AHEAD tiles from k-tile kt into the ring's first stages, by
-// plain loads and stores (prologue_acts).
-enum class Copies { kWeights, kActs, kAll, kWeightsNext, kActsNow };
+// What a loader's load(st, what, kt) copies into the stage at st: kAll, its next tile's weights (codes, 2:4
+// metadata, scales) and activations, or kWeights, the weights alone, then either way moves on to the tile after;
+// kActs, the activations of k-tile kt by cp.async; kActsNow (StageLoader only), those of the AHEAD tiles from k-tile
+// kt into the ring's first stages by plain loads and stores (prologue_acts). pipeline()'s prologue issues weights
+// before the wait for the previous kernel and the activations of those tiles after it (kActs for one tile, kActsNow
+// for more).
+enum class Copies { kWeights, kActs, kAll, kActsNow };
 
 // kActsNow's copies: copy i < N of stage s < S (STAGE_BYTES apart from st) stores src(kt_s, i) at dst(i), zeros where
 // src gives nullptr and nothing where has(i) is false; kt_s is the stage's k-tile, kt + s wrapped at k_tiles. Every
@@ -421,7 +421,7 @@ struct StageLoader {
     ld_g8 = ld_kt * s_stage_rows;
   }
 
-  // Issues the copies `what` (Copies) into the stage at shared-memory address st; kt: kActsNow's first k-tile.
+  // Issues the copies `what` (Copies) into the stage at shared-memory address st; kt: kActs' k-tile, kActsNow's first.
   __device__ __forceinline__ void load(uint32_t st, Copies what = Copies::kAll, int kt = 0) {
     const int tid = threadIdx.x;
     auto has = [&](int i) { return C::A_STAGE % C::THREADS == 0 || tid + i * C::THREADS < C::A_STAGE; };
@@ -435,7 +435,8 @@ struct StageLoader {
         return;
       }
     }
-    const bool weights = what != Copies::kActs, acts = what == Copies::kActs || what == Copies::kAll;
+    const bool weights = what != Copies::kActs, acts = what != Copies::kWeights;
+    const int a_tile = what == Copies::kActs ? kt * C::A_CHUNKS : ld_a;
     if (weights) {
 #pragma unroll
       for (int i = 0; i < C::B_STAGE / C::THREADS; ++i) cp_async16(st + b_dst + i * C::THREADS * 16, ld_b + i * b_pass);
@@ -444,13 +445,13 @@ struct StageLoader {
 #pragma unroll
       for (int i = 0; i < A_PER; ++i) {
         if (has(i)) {  // the source clamped to row 0 where not real
-          cp_async16_zfill(st + a_dst + i * A_PASS, a_g + (ld_a + (real(i) ? a_src + i * a_pass : 0)),
+          cp_async16_zfill(st + a_dst + i * A_PASS, a_g + (a_tile + (real(i) ? a_src + i * a_pass : 0)),
                            real(i) ? 16 : 0);
         }
       }
     }
     if (weights && s_copy) cp_async16(st + s_dst, ld_s + (ld_g8 >> 3) * s_row);  // int: below the scales' int4 count
-    if (what == Copies::kWeights) return;
+    if (!weights) return;
     if (++ld_kt == k_tiles) {
       ld_kt = 0;
       ++ld_col;
@@ -731,12 +732,12 @@ __device__ __forceinline__ void pipeline(const Run& r, uint32_t ring, bool early
   if constexpr (AHEAD == 1) {
     load(ring, Copies::kWeights, 0);  // every run has a tile (plan_run)
     grid_dependency_wait();
-    load(ring, Copies::kActs, 0);
+    load(ring, Copies::kActs, r.t_begin % r.k_tiles);
     cp_async_commit();
   } else {
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
-      if (s < r.n_iter) load(ring + s * STAGE_BYTES, Copies::kWeightsNext, 0);
+      if (s < r.n_iter) load(ring + s * STAGE_BYTES, Copies::kWeights, 0);
       cp_async_commit();
     }
     grid_dependency_wait();

@@ -158,15 +158,16 @@ __global__ void __launch_bounds__(kThreads) read_all(const int4* b, int64_t n16,
 
 }  // namespace
 
+// Microseconds per launch(i) on `stream`, i rotating over `copies`, after one warm-up launch of each.
 template <class Launch>
-float time_us(Launch&& launch, int copies, int reps) {
+float time_us(Launch&& launch, int copies, int reps, cudaStream_t stream = nullptr) {
   for (int i = 0; i < copies; ++i) launch(i);
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  cudaEventRecord(start);
+  cudaEventRecord(start, stream);
   for (int i = 0; i < reps; ++i) launch(i % copies);
-  cudaEventRecord(stop);
+  cudaEventRecord(stop, stream);
   cudaEventSynchronize(stop);
   float ms = 0.f;
   cudaEventElapsedTime(&ms, start, stop);
@@ -193,22 +194,11 @@ float graph_us(Launch&& launch, int copies, int reps) {
   for (int i = 0; i < kLaunches; ++i) launch(i % copies, st);
   cudaStreamEndCapture(st, &graph);
   cudaGraphInstantiate(&exec, graph, 0);
-  for (int r = 0; r < 2; ++r) cudaGraphLaunch(exec, st);  // warm-up
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start, st);
-  for (int r = 0; r < reps; ++r) cudaGraphLaunch(exec, st);
-  cudaEventRecord(stop, st);
-  cudaEventSynchronize(stop);
-  float ms = 0.f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const float us = time_us([&](int) { cudaGraphLaunch(exec, st); }, 2, reps, st) / kLaunches;
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
-  return ms * 1000.f / (reps * kLaunches);
+  return us;
 }
 
 int floor_main(int sms) {
