@@ -344,8 +344,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
   const uint32_t ring = detail::smem_addr(smem);
   auto at = [&](uint32_t st) { return smem + (st - ring) / 16; };
   detail::pipeline<C::STAGES, C::STAGE * 16>(
-      run, ring, p.early_dependents, [&](uint32_t st, detail::Copies what, int kt) { load_stage(at(st), what, kt); }, [] {},
-      [&](uint32_t st) { compute_stage(at(st)); }, finish);
+      run, ring, p.early_dependents, [&](uint32_t st, detail::Copies what, int kt) { load_stage(at(st), what, kt); },
+      [] {}, [&](uint32_t st) { compute_stage(at(st)); }, finish);
 }
 
 // The 2:4 wgmma kernel on sm_90a (marlin24_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n: 64, 32 for m =

@@ -394,16 +394,15 @@ __device__ __forceinline__ void await_parts(int* flag, int parts, int tid) {
   warpgroup_sync(tid / 128);
 }
 
-// The end of the part of a run inside column strip col (tiles [seg_begin, seg_end)), once the strip's wgmma are done:
-// a whole strip goes straight to C (columns by Cols), a part of one is saved to its workspace slot in register order
-// (RegisterParts; rows past m skipped: add_parts_kernel reads none) for add_parts_kernel, which the host launches
-// after the kernel when strips are split. Thread tid of
-// the C::THREADS computing ones; the accumulators are zeroed for the next strip. A thread holds 2 C::ACC of the
-// tile's C::R rows: all of them, or (RB = 2: the 2:4 kernel's 128 x 128 tiles) those of its warpgroup's row block.
-// OWN (warp-specialized kernels) with p.flags set: the blocks add the parts themselves. A strip's later parts are
-// saved and counted on the flag of the block holding its first part (per warpgroup: thread tid's values are the same
-// elements in every part); that block waits for the count, adds them to its registers in block order (the sums
-// add_parts_kernel makes) and writes the strip to C.
+// The end of the part of a run inside column strip col (tiles [seg_begin, seg_end)), once the strip's wgmma are done: a
+// whole strip goes straight to C (columns by Cols), a part of one is saved to its workspace slot in register order
+// (RegisterParts; rows past m skipped: add_parts_kernel reads none) for add_parts_kernel, which the host launches after
+// the kernel when strips are split. Thread tid of the C::THREADS computing ones; the accumulators are zeroed for the
+// next strip. A thread holds 2 C::ACC of the tile's C::R rows: all of them, or (RB = 2: the 2:4 kernel's 128 x 128
+// tiles) those of its warpgroup's row block. OWN (warp-specialized kernels) with p.flags set: the blocks add the parts
+// themselves. A strip's later parts are saved and counted on the flag of the block holding its first part (per
+// warpgroup: thread tid's values are the same elements in every part); that block waits for the count, adds them to its
+// registers in block order (the sums add_parts_kernel makes) and writes the strip to C.
 template <class C, class Cols, bool GROUPED, int J, bool OWN = false>
 __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, int tid, float (&acc)[J][C::ACC], int col,
                                              int seg_begin, int seg_end) {
