@@ -259,7 +259,8 @@ struct Cfg {
   static constexpr int A_CHUNKS = 2 * KT;  // 16-byte chunks per A row per stage
   static constexpr bool A_PANELS = false;  // the A tile row-major (StageLoader)
   // Tiles whose weights pipeline() issues before the wait for the previous kernel: all of the prologue's, up to 3
-  // (against one: 7B m = 1-8 -3%, 70B -1 to -4%; the wgmma kernels lost 2-13% so and keep one: perf-log pw2).
+  // (against one: 7B m = 1-8 -3%, 70B -1 to -4%; the wgmma kernels lost 2-13% so, with their activations by tensor
+  // copies too, and keep one: perf-log pw2, pt1).
   static constexpr int AHEAD = STAGES - 1 < 3 ? STAGES - 1 : 3;
   static constexpr int A_STAGE = R * A_CHUNKS;   // int4 per stage
   static constexpr int B_STAGE = KT * NS * 32;   // int4 per stage (one per lane per k16 tile per strip)

@@ -226,6 +226,8 @@ int floor_main(int sms) {
         }
         float us[3];
         for (int w = 0; w < 3; ++w) {
+          const auto kernel = w == 0 ? read_all<Reads::kPlain> : w == 1 ? read_all<Reads::kAfterWait>
+                                                                        : read_all<Reads::kBeforeWait>;
           us[w] = graph_us(
               [&](int i, cudaStream_t st) {
                 cudaLaunchAttribute pdl[1];
@@ -237,10 +239,7 @@ int floor_main(int sms) {
                 cfg.stream = st;
                 cfg.attrs = pdl;
                 cfg.numAttrs = w == 0 ? 0 : 1;
-                const int4* b = bufs[i];
-                if (w == 0) cudaLaunchKernelEx(&cfg, read_all<Reads::kPlain>, b, bytes / 16, sink);
-                if (w == 1) cudaLaunchKernelEx(&cfg, read_all<Reads::kAfterWait>, b, bytes / 16, sink);
-                if (w == 2) cudaLaunchKernelEx(&cfg, read_all<Reads::kBeforeWait>, b, bytes / 16, sink);
+                cudaLaunchKernelEx(&cfg, kernel, static_cast<const int4*>(bufs[i]), bytes / 16, sink);
               },
               copies, 20);
           sum[f][w] += us[w];
