@@ -106,17 +106,18 @@ cudaError_t gemm(const GemmArgs& g, cudaStream_t stream) {
     return cudaErrorInvalidConfiguration;
   }
   const int rows = sm90 ? tile.rows : choice.rows;
-  const int blocks_per_sm = sm90 ? sm90_blocks_per_sm(sm90_ws(tile.rows)) : choice.rows <= 32 ? kMaxBlocksPerSm : 1;
+  const int blocks_per_sm = sm90 ? sm90_blocks_per_sm(sm90_ws(tile.rows), tile.rows, tile.cols, g.sms, g.n, g.k)
+                           : choice.rows <= 32 ? kMaxBlocksPerSm : 1;
   const int n_cols = g.n / (sm90 ? tile.cols : 64 * choice.ns);
 
   Params p;
   return run_chunk_groups(p, g, a, lg_group, rows, [&](int par) {
     const int grid = size_grid(p, par,
                                sm90 ? sm90_blocks_per_chunk(g.sms, par, n_cols, g.k / Sm90Cfg<64>::DEPTH, tile.rows,
-                                                            sm90_ws(tile.rows))
+                                                            blocks_per_sm)
                                     : g.sms * blocks_per_sm / par,
                                g.sms * blocks_per_sm);
-    return sm90 ? launch_sm90(tile, grouped, p, grid, g.device, stream)
+    return sm90 ? launch_sm90(tile, blocks_per_sm, grouped, p, grid, g.device, stream)
                 : launch_choice(choice, grouped, p, grid, g.device, stream);
   });
 }

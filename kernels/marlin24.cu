@@ -111,14 +111,14 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   // takes 256 columns there); narrower 64-row chunks on the one-warpgroup kernel, two blocks per SM.
   const int rows = g.m > 96 ? 128 : g.m > 64 ? 96 : g.m > 32 ? 64 : g.m > 16 ? 32 : 16;
   const int cols = detail::sm90_cols64(g.n, rows == 64 ? g.sms : g.sms * kMaxBlocksPerSm);
-  const bool ws = ws_tile(rows, cols);
   const int n_cols = cols > 0 ? g.n / cols : 0;
   const int k_tiles = g.k / Sm90Cfg<128>::DEPTH;
   if (cols > 0 && detail::has_wgmma(g.device)) {
+    const int bps = detail::sm90_blocks_per_sm(ws_tile(rows, cols), rows, cols, g.sms, g.n, g.k);
     return detail::run_chunk_groups(p, g, g.a, lg_group, rows, [&](int par) {
-      const int per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, k_tiles, rows, ws);
-      const int grid = detail::size_grid(p, par, per_chunk, g.sms * detail::sm90_blocks_per_sm(ws));
-      return launch_sm90(rows, cols, grouped, p, grid, g.device, stream);
+      const int per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, k_tiles, rows, bps);
+      const int grid = detail::size_grid(p, par, per_chunk, g.sms * bps);
+      return launch_sm90(rows, cols, bps, grouped, p, grid, g.device, stream);
     });
   }
   Choice choice;

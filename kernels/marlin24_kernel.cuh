@@ -354,9 +354,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 // k32 rows: 2 (64 deep, one 128-byte swizzle row of A per row); for 32-row chunks 4 (64-deep stages: 7B / 70B m = 17-32
 // +5% / +12%, perf-log o7), for 16-row ones 4, and 8 at 256 columns (the A tile 64-deep swizzle panels; the per-stage
 // work then serves more weights: perf-log s10, s11).
-template <int W_, int R_ = 64>
+template <int W_, int R_ = 64, int BLOCKS_ = kMaxBlocksPerSm>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
+  static constexpr int BLOCKS = BLOCKS_;  // blocks per SM: two, or three on 16 x 128 tiles (sm90_blocks_per_sm)
   static constexpr int LOAD_TID0 = 0;  // the threads that copy stages (Sm90Loader): all of them
   static constexpr bool A_TMA = false;  // Sm90Loader copies the A tile too
   static constexpr bool WORD_MAJOR = false;  // codes in 16-byte chunks, as stored (Sm90Loader)
@@ -372,9 +373,9 @@ struct Sm90Cfg {
   static constexpr int M_STAGE = KT * W / 4;    // metadata: 32 chunks per k32 row and 128 columns
   static constexpr int S_STAGE = KT * W / 8;    // up to KT scale rows (group size 32)
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;  // whole swizzle atoms
-  // 16- and 32-row chunks: as many stages as two blocks per SM hold, at most 8 (3 / 5 at 256 columns, 8 / 7 at 128);
-  // 64-row chunks: 8
-  static constexpr int STAGES = R == 64 ? 8 : detail::sm90_stages_fit(STAGE);
+  // 16- and 32-row chunks: as many stages as BLOCKS blocks per SM hold, at most 8 (two blocks: 3 / 5 at 256 columns,
+  // 8 / 7 at 128; three: 6 at 16 x 128); 64-row chunks: 8
+  static constexpr int STAGES = R == 64 ? 8 : detail::sm90_stages_fit(STAGE, BLOCKS);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int C_ROWS = 0;  // whole strips go to C from the registers (store_registers)
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
@@ -383,8 +384,10 @@ struct Sm90Cfg {
   static_assert(R != 64 || W == 128, "64 x 256 tiles run on the warp-specialized kernel (Sm90WsCfg)");
   static_assert(A_CHUNKS % 8 == 0, "the A tile must be whole 128-byte swizzle panels: 64 fp16 per row");
   static_assert(STAGES >= 3, "a ring of at least 3 stages");
-  static_assert(SMEM <= detail::kSm90Smem, "two blocks per SM (has_wgmma)");
-  static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
+  static_assert(SMEM <= detail::sm90_smem(BLOCKS), "BLOCKS blocks per SM");
+  static_assert(BLOCKS == kMaxBlocksPerSm || (BLOCKS == 3 && R == 16 && W == 128 && DEPTH == 128),
+                "three blocks: 16 x 128 tiles, 128 deep (sm90_blocks_per_sm counts them)");
+  static_assert(BLOCKS * R * W <= kMaxBlocksPerSm * kMaxTileElems, "every block's two part slots fit the workspace");
 };
 // The warp-specialized 2:4 kernel for m > 32 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): R-row chunks (128, 96
 // up to m = 96, 64 up to m = 64) by W columns, one block per SM of two computing warpgroups and one copying warpgroup
@@ -422,7 +425,8 @@ struct Sm90WsCfg : detail::WsBlock {
 // Whether the wgmma.sp kernel's rows x cols tiles run on the warp-specialized block (Sm90WsCfg, one block per SM):
 // from 96 rows, and 64 x 256 (64 x 128 tiles keep the one-warpgroup block, two per SM: perf-log w10).
 inline bool ws_tile(int rows, int cols) { return rows > 64 || (rows == 64 && cols == 256); }
-cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream);
+cudaError_t launch_sm90(int rows, int cols, int blocks_per_sm, bool grouped, const Params& p, int grid, int device,
+                        cudaStream_t stream);
 
 }  // namespace sparse24
 }  // namespace marlin_cli

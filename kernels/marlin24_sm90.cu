@@ -274,7 +274,7 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
 #endif
 
 template <class C, bool GROUPED>
-__global__ void __launch_bounds__(C::THREADS, 2) gemm24_sm90_kernel(const Params p) {
+__global__ void __launch_bounds__(C::THREADS, C::BLOCKS) gemm24_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int J = C::NS;  // packed words this warp takes of each chunk, and pairs of tiles (j, 0), (j, 1)
   extern __shared__ int4 smem[];
@@ -355,7 +355,8 @@ cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaS
                      gemm24_sm90_ws_kernel<C, false>>(grouped, p, grid, C::BLOCK_THREADS, C::SMEM, device, stream, map);
 }
 
-cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int grid, int device, cudaStream_t stream) {
+cudaError_t launch_sm90(int rows, int cols, int blocks_per_sm, bool grouped, const Params& p, int grid, int device,
+                        cudaStream_t stream) {
   if (ws_tile(rows, cols)) {
     if (rows == 64) return launch_ws<Sm90WsCfg<256, 64>>(grouped, p, grid, device, stream);
     if (rows == 96) {
@@ -366,8 +367,9 @@ cudaError_t launch_sm90(int rows, int cols, bool grouped, const Params& p, int g
                        : launch_ws<Sm90WsCfg<128, 128>>(grouped, p, grid, device, stream);
   }
   if (rows == 16) {
-    return cols == 256 ? launch_cols<Sm90Cfg<256, 16>>(grouped, p, grid, device, stream)
-                       : launch_cols<Sm90Cfg<128, 16>>(grouped, p, grid, device, stream);
+    if (cols == 256) return launch_cols<Sm90Cfg<256, 16>>(grouped, p, grid, device, stream);
+    return blocks_per_sm == 3 ? launch_cols<Sm90Cfg<128, 16, 3>>(grouped, p, grid, device, stream)
+                              : launch_cols<Sm90Cfg<128, 16>>(grouped, p, grid, device, stream);
   }
   if (rows == 32) {
     return cols == 256 ? launch_cols<Sm90Cfg<256, 32>>(grouped, p, grid, device, stream)

@@ -1097,25 +1097,31 @@ MARLIN_DECLARE_LAUNCHER(4)
 // Shared memory per SM on the H200 (Hopper), and what the device reserves per block.
 constexpr int kSm90SmemPerSm = 228 * 1024;
 constexpr int kSmemReservePerBlock = 1024;
-// Shared memory of one wgmma block: its share of an SM that holds two (every configuration fits; has_wgmma).
-constexpr int kSm90Smem = kSm90SmemPerSm / kMaxBlocksPerSm - kSmemReservePerBlock;
+// Shared memory of one wgmma block: its share of an SM that holds `blocks`; two by default (every configuration fits
+// two: has_wgmma).
+constexpr int sm90_smem(int blocks) { return kSm90SmemPerSm / blocks - kSmemReservePerBlock; }
+constexpr int kSm90Smem = sm90_smem(kMaxBlocksPerSm);
 // Stages of `stage` int4 that such a block holds, at most 8 (it also aligns its ring to 1024 bytes).
-constexpr int sm90_stages_fit(int stage) { return std::min((kSm90Smem - 1024) / (stage * 16), 8); }
+constexpr int sm90_stages_fit(int stage, int blocks = kMaxBlocksPerSm) {
+  return std::min((sm90_smem(blocks) - 1024) / (stage * 16), 8);
+}
 // ... and a warp-specialized block, one per SM (1024 bytes more for its ring's barriers), beside `extra` bytes.
 constexpr int sm90_ws_stages_fit(int stage, int extra = 0) {
   return std::min((kSm90SmemPerSm - kSmemReservePerBlock - 2048 - extra) / (stage * 16), 8);
 }
 
-// The wgmma kernel on sm_90a (marlin_sm90.cu) for m = 9-32: one warpgroup per block, two blocks per SM, R-row chunks
-// (wgmma's n) by W-column tiles (W = 128 serves layers too narrow for 256-column tiles to fill the GPU: sm90_tile),
-// 128-deep stages (perf-log o2). 16- and 32-row chunks (OFFSET) hold 8 or 16 accumulators per wgmma: the weights
-// enter wgmma still offset (1024 + q, 64 + q: no subtract and no fp16 scaling per weight) and each stage's fp32 sums
-// are corrected and scaled once, as the mma.sync kernel's 8-row chunks do (perf-log o1, o7). 64-row chunks run on
-// the warp-specialized kernel (Sm90WsCfg, w10); Sm90Cfg<64> (64-deep stages, fp16-scaled weights, 128 accumulators
-// per thread at 64 x 256) remains the shape scripts/bench_wgmma_pattern.cu measures the stage loop on.
-template <int R_, int W_ = 256>
+// The wgmma kernel on sm_90a (marlin_sm90.cu) for m = 9-32: one warpgroup per block, two blocks per SM (three on some
+// 16 x 128 launches: sm90_blocks_per_sm), R-row chunks (wgmma's n) by W-column tiles (W = 128 serves layers too narrow
+// for 256-column tiles to fill the GPU: sm90_tile), 128-deep stages (perf-log o2). 16- and 32-row chunks (OFFSET) hold
+// 8 or 16 accumulators per wgmma: the weights enter wgmma still offset (1024 + q, 64 + q: no subtract and no fp16
+// scaling per weight) and each stage's fp32 sums are corrected and scaled once, as the mma.sync kernel's 8-row chunks
+// do (perf-log o1, o7). 64-row chunks run on the warp-specialized kernel (Sm90WsCfg, w10); Sm90Cfg<64> (64-deep stages,
+// fp16-scaled weights, 128 accumulators per thread at 64 x 256) remains the shape scripts/bench_wgmma_pattern.cu
+// measures the stage loop on.
+template <int R_, int W_ = 256, int BLOCKS_ = kMaxBlocksPerSm>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
+  static constexpr int BLOCKS = BLOCKS_;  // blocks per SM: two, or three on 16 x 128 tiles (sm90_blocks_per_sm)
   static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
   static constexpr int W = W_;
   static constexpr int STRIPS = W / 64;  // 64-column strips of the tile
@@ -1133,16 +1139,19 @@ struct Sm90Cfg {
   static constexpr int S_ROWS = KT / 2;
   static constexpr int S_STAGE = S_ROWS * NS * 8;
   static constexpr int STAGE = (A_STAGE + B_STAGE + S_STAGE + 63) / 64 * 64;  // whole 1024-byte swizzle atoms
-  // as many stages as two blocks per SM hold, at most 8; 16 x 256 tiles take 3, measured faster than 4 or 5 on every
-  // layer (perf-log o3)
-  static constexpr int STAGES = R == 16 && W == 256 ? 3 : sm90_stages_fit(STAGE);
+  // as many stages as BLOCKS blocks per SM hold, at most 8 (5 for three at 16 x 128); 16 x 256 tiles take 3,
+  // measured faster than 4 or 5 on every layer (perf-log o3)
+  static constexpr int STAGES = R == 16 && W == 256 ? 3 : sm90_stages_fit(STAGE, BLOCKS);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int C_ROWS = 0;  // whole strips go to C from the registers (store_registers)
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
   static_assert(R == 16 || R == 32 || R == 64, "wgmma's n: 16, 32 or 64");
   static_assert(NS == 2 || NS == 4, "each warp takes half a strip's words or a whole strip");
   static_assert(A_CHUNKS % 8 == 0, "the A tile must be whole 128-byte swizzle panels: 64 fp16 per row");
-  static_assert(STAGES >= 3 && SMEM <= kSm90Smem, "a ring of at least 3 stages, two blocks per SM");
+  static_assert(STAGES >= 3 && SMEM <= sm90_smem(BLOCKS), "a ring of at least 3 stages, BLOCKS blocks per SM");
+  static_assert(BLOCKS == kMaxBlocksPerSm || (BLOCKS == 3 && R == 16 && W == 128 && DEPTH == 128),
+                "three blocks: 16 x 128 tiles, 128 deep (sm90_blocks_per_sm counts them)");
+  static_assert(BLOCKS * R * W <= kMaxBlocksPerSm * kMaxTileElems, "every block's two part slots fit the workspace");
   static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 
@@ -1216,7 +1225,7 @@ inline Sm90Tile sm90_tile(int m, int n, int k, int slots, bool small_groups) {
   if (n % 512 == 0 && 4 * (n / 512 * 8) >= 3 * sms && int64_t{n / 512} * (k / 64) >= 48 * sms) return {64, 512};
   return {64, sm90_cols64(n, sms)};
 }
-cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,
+cudaError_t launch_sm90(const Sm90Tile& tile, int blocks_per_sm, bool grouped, const Params& p, int grid, int device,
                         cudaStream_t stream);
 // Whether the wgmma kernels can run: built for sm_90a (MARLIN_SM90A) and the device is compute capability 9.0.
 bool has_wgmma(int device);
@@ -1224,17 +1233,28 @@ bool has_wgmma(int device);
 // Whether the dense wgmma kernel's `rows`-row chunks run on the warp-specialized block (from 64 rows: perf-log w8,
 // w10).
 inline bool sm90_ws(int rows) { return rows >= 64; }
-// Blocks per SM of the wgmma kernels: two of one warpgroup, or one warp-specialized block (`ws`).
-inline int sm90_blocks_per_sm(bool ws) { return ws ? 1 : kMaxBlocksPerSm; }
-// Blocks per chunk for the wgmma kernels on `rows`-row chunks: every block slot, shared by `par` chunks. Chunks of
-// 32 rows and more take at most 8 parts per column strip: a 64-row tile's fp32 partial is 64 KB (128 KB from 128
-// rows), as much as 8 64 x 256 tiles of dense weights, written and read back (4096 x 4096 at m = 64, when one block
-// added the parts: 33.5 -> 21.5 us; perf-log; 32-row chunks on every slot: 70B m = 17-32 +3-5%, o7). A 16-row
-// partial is one or two tiles of weights, as in the mma.sync kernels, which take every slot (a cap of 8 parts there:
-// the 7B set at m = 16 +3%, perf-log o1).
-inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles, int rows, bool ws) {
+// Blocks per SM of the wgmma kernels on rows x cols tiles of an n x k layer: one warp-specialized block (`ws`), else
+// two of one warpgroup, or three (6 / 5 stages each, 2:4 / dense) on 16 x 128 tiles where that leaves each SM fewer
+// tiles (128 deep; 16-row chunks run one chunk per launch, m <= 16). A block takes a run of whole tiles, so an SM's
+// work is its blocks times their runs' length: three blocks on 11008 x 4096 give an SM 21 tiles (22 with two) and
+// were 7-9% faster; on equal work they were up to 8% slower (more, shorter runs, so more parts), on one tile more per
+// SM 4-15% slower (perf-log s25).
+inline int sm90_blocks_per_sm(bool ws, int rows, int cols, int sms, int n, int k) {
+  if (ws) return 1;
+  if (rows != 16 || cols != 128) return kMaxBlocksPerSm;
+  const int tiles = n / 128 * (k / 128);
+  const auto sm_tiles = [&](int blocks) { return blocks * tiles_per_run(tiles, sms * blocks); };
+  return sm_tiles(3) < sm_tiles(kMaxBlocksPerSm) ? 3 : kMaxBlocksPerSm;
+}
+// Blocks per chunk for the wgmma kernels on `rows`-row chunks: every block slot (`blocks_per_sm` per SM), shared by
+// `par` chunks. Chunks of 32 rows and more take at most 8 parts per column strip: a 64-row tile's fp32 partial is
+// 64 KB (128 KB from 128 rows), as much as 8 64 x 256 tiles of dense weights, written and read back (4096 x 4096 at
+// m = 64, when one block added the parts: 33.5 -> 21.5 us; perf-log; 32-row chunks on every slot: 70B m = 17-32
+// +3-5%, o7). A 16-row partial is one or two tiles of weights, as in the mma.sync kernels, which take every slot (a
+// cap of 8 parts there: the 7B set at m = 16 +3%, perf-log o1).
+inline int sm90_blocks_per_chunk(int sms, int par, int n_cols, int k_tiles, int rows, int blocks_per_sm) {
   constexpr int kParts = 8;
-  const int all = sms * sm90_blocks_per_sm(ws) / par;
+  const int all = sms * blocks_per_sm / par;
   if (rows <= 16) return all;
   const int min_iters = (k_tiles + kParts - 1) / kParts;
   const int capped = (n_cols * k_tiles + min_iters - 1) / min_iters;

@@ -106,7 +106,7 @@ __device__ __forceinline__ void compute_scaled(uint32_t st, const WarpWords<C>& 
 #endif
 
 template <class C, bool GROUPED>
-__global__ void __launch_bounds__(C::THREADS, 2) gemm_sm90_kernel(const Params p) {
+__global__ void __launch_bounds__(C::THREADS, C::BLOCKS) gemm_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(C::OFFSET, "16- and 32-row chunks; from 64 rows the warp-specialized kernel");
   constexpr int J = C::NS;  // wgmma per k16 tile, and packed words per lane per k16 tile
@@ -265,12 +265,13 @@ cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaS
                      gemm_sm90_ws_kernel<C, false>>(grouped, p, grid, C::BLOCK_THREADS, C::SMEM, device, stream, map);
 }
 
-cudaError_t launch_sm90(const Sm90Tile& tile, bool grouped, const Params& p, int grid, int device,
+cudaError_t launch_sm90(const Sm90Tile& tile, int blocks_per_sm, bool grouped, const Params& p, int grid, int device,
                         cudaStream_t stream) {
   switch (tile.rows) {
     case 16:
-      return tile.cols == 256 ? launch_rows<Sm90Cfg<16>>(grouped, p, grid, device, stream)
-                              : launch_rows<Sm90Cfg<16, 128>>(grouped, p, grid, device, stream);
+      if (tile.cols == 256) return launch_rows<Sm90Cfg<16>>(grouped, p, grid, device, stream);
+      return blocks_per_sm == 3 ? launch_rows<Sm90Cfg<16, 128, 3>>(grouped, p, grid, device, stream)
+                                : launch_rows<Sm90Cfg<16, 128>>(grouped, p, grid, device, stream);
     case 32:
       return tile.cols == 256 ? launch_rows<Sm90Cfg<32>>(grouped, p, grid, device, stream)
                               : launch_rows<Sm90Cfg<32, 128>>(grouped, p, grid, device, stream);

@@ -32,6 +32,7 @@ CASES = [  # m, k, n, group, act_order
     (12, 2048, 256, 32, False),  # 16-row chunks (groups of 32), 128-column strips (k-warp slices on Hopper), split k
     (9, 2048, 512, -1, True),  # wgmma kernel, 16 x 128 tiles, per-channel scales
     (16, 4096, 1024, 128, False),  # ... split k
+    (12, 11008, 4096, 128, False),  # ... three blocks per SM (sm90_blocks_per_sm), split k
     (13, 512, 16384, 128, False),  # wgmma kernel, 16 x 256 tiles
     (17, 512, 192, -1, True),
     (24, 2048, 512, 128, False),  # wgmma kernel, 32-row chunks, 32 x 128 tiles, split k
@@ -60,6 +61,7 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (1, 1024, 256, 128),
     (8, 512, 128, -1),
     (16, 2048, 256, 32),  # wgmma.sp kernel, 16 x 128 tiles, 128-deep stages, split k
+    (1, 11008, 4096, -1),  # ... three blocks per SM (sm90_blocks_per_sm), per-channel scales
     (12, 1024, 16384, 32),  # 16 x 256 tiles, 256-deep stages: two passes of scale rows
     (9, 2048, 512, -1),  # per-channel scales
     (24, 512, 384, 128),  # wgmma.sp kernel, 32-row chunks from 17 rows

@@ -92,6 +92,14 @@ def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
     _check(m, k, n, group, seed=m * 7 + group)
 
 
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("group", [-1, 128])  # smaller groups take the mma.sync kernel at m = 9-16
+@pytest.mark.parametrize("m", [9, 16])
+def test_three_blocks_per_sm(m: int, group: int, act_order: bool) -> None:
+    """16 x 128 wgmma tiles at three blocks per SM (11008 x 4096 on the H200: sm90_blocks_per_sm)."""
+    _check(m, 11008, 4096, group, act_order=act_order, seed=m + group)
+
+
 @pytest.mark.parametrize("group", [-1, 32, 128])
 @pytest.mark.parametrize("m", [1, 12, 33, 256])
 def test_act_order(m: int, group: int) -> None:
@@ -221,18 +229,21 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
     32-row chunks up to m = 32 (groups below 128: 64-row chunks; o7), then the warp-specialized kernel's 64-row
     chunks up to m = 64 (w10) and 128-row chunks up to m = 128, each by 256 columns where 256-column strips fill most
     of the GPU's block slots (two per SM; one per SM for the 64-row chunks, so n = 4096 takes 256 columns there) and
-    by 128 where not (n % 128 == 0), 256 x 128 tiles above m = 128 (perf-log w8)."""
+    by 128 where not (n % 128 == 0), 256 x 128 tiles above m = 128 (perf-log w8). 16 x 128 tiles run three blocks per
+    SM where that gives each SM fewer tiles than two (perf-log s25)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs compute capability 9.0")
-    eight, nine, sixteen_wide, sixteen_odd, sixteen_g32, sixteen_g64 = (
+    eight, nine, nine_long, sixteen_wide, sixteen_odd, sixteen_g32, sixteen_g64 = (
         _kernels_launched(8, 256, 512),
         _kernels_launched(9, 256, 512),
+        _kernels_launched(9, 11008, 4096),  # 2752 tiles: 21 per SM at three blocks, 22 at two
         _kernels_launched(16, 256, 16384),
         _kernels_launched(16, 256, 320),
         _kernels_launched(16, 256, 512, group=32),
         _kernels_launched(16, 256, 512, group=64),
     )
-    assert "Sm90Cfg<16, 128>" in nine and "Sm90Cfg<16, 256>" in sixteen_wide
+    assert "Sm90Cfg<16, 128, 2>" in nine and "Sm90Cfg<16, 256, 2>" in sixteen_wide
+    assert "Sm90Cfg<16, 128, 3>" in nine_long
     for launched in (eight, sixteen_odd, sixteen_g32, sixteen_g64):
         assert "gemm_kernel<" in launched and "gemm_sm90_kernel" not in launched
     least, most_wide, least_g32, least_g64 = (
@@ -241,7 +252,7 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
         _kernels_launched(17, 256, 512, group=32),
         _kernels_launched(32, 256, 512, group=64),
     )
-    assert "Sm90Cfg<32, 128>" in least and "Sm90Cfg<32, 256>" in most_wide
+    assert "Sm90Cfg<32, 128, 2>" in least and "Sm90Cfg<32, 256, 2>" in most_wide
     assert "Sm90WsCfg<64, 128>" in least_g32 and "Sm90WsCfg<64, 128>" in least_g64
     least, wide, wide_4096, narrow, odd, short, short_wide, tall, tall_wide, tall_narrow, taller, too_narrow = (
         _kernels_launched(33, 256, 512),

@@ -93,6 +93,13 @@ def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
     _check(m, k, n, group)
 
 
+@pytest.mark.parametrize("group", [-1, 32, 128])
+@pytest.mark.parametrize("m", [1, 16])
+def test_three_blocks_per_sm(m: int, group: int) -> None:
+    """16 x 128 wgmma.sp tiles at three blocks per SM (11008 x 4096 on the H200: sm90_blocks_per_sm)."""
+    _check(m, 11008, 4096, group)
+
+
 def test_large_m() -> None:
     """m past one launch's 16 chunks, with a ragged last chunk."""
     _check(16 * 32 * 2 + 13, 1024, 512, 128)
@@ -110,12 +117,14 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
     m = 64, by 256 columns on the warp-specialized kernel where those fill most of its one slot per SM (n = 4096
     included, perf-log w10), else 64 x 128 tiles on the one-warpgroup kernel; above m = 64 the warp-specialized
     kernel's 96-row tiles up to m = 96 (perf-log s23) and 128-row ones above, by 256 columns where those fill the GPU
-    (perf-log w8), else by 128 (each computing warpgroup on half of the rows, perf-log s12)."""
+    (perf-log w8), else by 128 (each computing warpgroup on half of the rows, perf-log s12). 16 x 128 tiles run three
+    blocks per SM where that gives each SM fewer tiles than two (perf-log s25)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
-    eight, short16, long16, least, most_wide, least64, wide, wide_4096, narrow, odd = (
+    eight, short16, three16, long16, least, most_wide, least64, wide, wide_4096, narrow, odd = (
         _kernels_launched(8, 512),
         _kernels_launched(9, 512),
+        _kernels_launched(1, 4096, k=11008),  # 2752 tiles: 21 per SM at three blocks, 22 at two
         _kernels_launched(16, 8192, k=28672),  # 32 strips x 448 tiles: more than 32 per block slot
         _kernels_launched(17, 512),
         _kernels_launched(32, 16384),
@@ -132,13 +141,13 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
         _kernels_launched(200, 512),
         _kernels_launched(97, 16384),
     )
-    assert "Sm90Cfg<128, 16>" in eight and "gemm24_kernel<" not in eight
-    assert "Sm90Cfg<128, 16>" in short16
-    assert "Sm90Cfg<256, 16>" in long16
-    assert "Sm90Cfg<128, 32>" in least and "Sm90Cfg<256, 32>" in most_wide
-    assert "Sm90Cfg<128, 64>" in least64
+    assert "Sm90Cfg<128, 16, 2>" in eight and "gemm24_kernel<" not in eight
+    assert "Sm90Cfg<128, 16, 2>" in short16 and "Sm90Cfg<128, 16, 3>" in three16
+    assert "Sm90Cfg<256, 16, 2>" in long16
+    assert "Sm90Cfg<128, 32, 2>" in least and "Sm90Cfg<256, 32, 2>" in most_wide
+    assert "Sm90Cfg<128, 64, 2>" in least64
     assert "Sm90WsCfg<256, 64>" in wide and "Sm90WsCfg<256, 64>" in wide_4096
-    assert "Sm90Cfg<128, 64>" in narrow and "Sm90Cfg<128, 64>" in odd
+    assert "Sm90Cfg<128, 64, 2>" in narrow and "Sm90Cfg<128, 64, 2>" in odd
     assert "Sm90WsCfg<128, 96>" in least96 and "Sm90WsCfg<256, 96>" in most96_wide
     assert "Sm90WsCfg<128, 128>" in least128 and "Sm90WsCfg<128, 128>" in tall and "Sm90WsCfg<256, 128>" in tall_wide
 
