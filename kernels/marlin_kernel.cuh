@@ -1152,7 +1152,6 @@ struct Sm90Cfg {
   static_assert(BLOCKS == kMaxBlocksPerSm || (BLOCKS == 3 && R == 16 && W == 128 && DEPTH == 128),
                 "three blocks: 16 x 128 tiles, 128 deep (sm90_blocks_per_sm counts them)");
   static_assert(BLOCKS * R * W <= kMaxBlocksPerSm * kMaxTileElems, "every block's two part slots fit the workspace");
-  static_assert(R * W <= kMaxTileElems, "partial tiles must fit their workspace slot");
 };
 
 // The warp-specialized wgmma kernel for m > 32 (marlin_sm90.cu): R-row chunks (64 up to m = 64, 96 up to m = 96, 128
@@ -1237,8 +1236,8 @@ inline bool sm90_ws(int rows) { return rows >= 64; }
 // two of one warpgroup, or three (6 / 5 stages each, 2:4 / dense) on 16 x 128 tiles where that leaves each SM fewer
 // tiles (128 deep; 16-row chunks run one chunk per launch, m <= 16). A block takes a run of whole tiles, so an SM's
 // work is its blocks times their runs' length: three blocks on 11008 x 4096 give an SM 21 tiles (22 with two) and
-// were 7-9% faster; on equal work they were up to 8% slower (more, shorter runs, so more parts), on one tile more per
-// SM 4-15% slower (perf-log s25).
+// were 7-9% faster; on equal work they were up to 9% slower (more, shorter runs, so more parts), on one tile more per
+// SM 3-15% slower (perf-log s25).
 inline int sm90_blocks_per_sm(bool ws, int rows, int cols, int sms, int n, int k) {
   if (ws) return 1;
   if (rows != 16 || cols != 128) return kMaxBlocksPerSm;
