@@ -385,9 +385,7 @@ struct Sm90Cfg {
   static_assert(A_CHUNKS % 8 == 0, "the A tile must be whole 128-byte swizzle panels: 64 fp16 per row");
   static_assert(STAGES >= 3, "a ring of at least 3 stages");
   static_assert(SMEM <= detail::sm90_smem(BLOCKS), "BLOCKS blocks per SM");
-  static_assert(BLOCKS == kMaxBlocksPerSm || (BLOCKS == 3 && R == 16 && W == 128 && DEPTH == 128),
-                "three blocks: 16 x 128 tiles, 128 deep (sm90_blocks_per_sm counts them)");
-  static_assert(BLOCKS * R * W <= kMaxBlocksPerSm * kMaxTileElems, "every block's two part slots fit the workspace");
+  static_assert(detail::sm90_blocks_fit(BLOCKS, R, W, DEPTH), "blocks per SM: sm90_blocks_fit");
 };
 // The warp-specialized 2:4 kernel for m > 32 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): R-row chunks (128, 96
 // up to m = 96, 64 up to m = 64) by W columns, one block per SM of two computing warpgroups and one copying warpgroup

@@ -1105,6 +1105,13 @@ constexpr int kSm90Smem = sm90_smem(kMaxBlocksPerSm);
 constexpr int sm90_stages_fit(int stage, int blocks = kMaxBlocksPerSm) {
   return std::min((sm90_smem(blocks) - 1024) / (stage * 16), 8);
 }
+// Whether a one-warpgroup wgmma configuration of r x w tiles, `depth` deep, may run `blocks` blocks per SM: two, or
+// three on the 16 x 128 x 128 tiles sm90_blocks_per_sm counts; either way every block's two part slots fit the
+// workspace.
+constexpr bool sm90_blocks_fit(int blocks, int r, int w, int depth) {
+  return (blocks == kMaxBlocksPerSm || (blocks == 3 && r == 16 && w == 128 && depth == 128)) &&
+         int64_t{blocks} * r * w <= kMaxBlocksPerSm * kMaxTileElems;
+}
 // ... and a warp-specialized block, one per SM (1024 bytes more for its ring's barriers), beside `extra` bytes.
 constexpr int sm90_ws_stages_fit(int stage, int extra = 0) {
   return std::min((kSm90SmemPerSm - kSmemReservePerBlock - 2048 - extra) / (stage * 16), 8);
@@ -1149,9 +1156,7 @@ struct Sm90Cfg {
   static_assert(NS == 2 || NS == 4, "each warp takes half a strip's words or a whole strip");
   static_assert(A_CHUNKS % 8 == 0, "the A tile must be whole 128-byte swizzle panels: 64 fp16 per row");
   static_assert(STAGES >= 3 && SMEM <= sm90_smem(BLOCKS), "a ring of at least 3 stages, BLOCKS blocks per SM");
-  static_assert(BLOCKS == kMaxBlocksPerSm || (BLOCKS == 3 && R == 16 && W == 128 && DEPTH == 128),
-                "three blocks: 16 x 128 tiles, 128 deep (sm90_blocks_per_sm counts them)");
-  static_assert(BLOCKS * R * W <= kMaxBlocksPerSm * kMaxTileElems, "every block's two part slots fit the workspace");
+  static_assert(sm90_blocks_fit(BLOCKS, R, W, DEPTH), "blocks per SM: sm90_blocks_fit");
 };
 
 // The warp-specialized wgmma kernel for m > 32 (marlin_sm90.cu): R-row chunks (64 up to m = 64, 96 up to m = 96, 128
