@@ -112,7 +112,9 @@ def main() -> None:
     ms = [int(m) for m in args.m.split(",")]
     kinds = ["dense", "24"] if args.kind == "both" else [args.kind]
     torch.manual_seed(0)
-    ws = ops.workspace(torch.device("cuda"))
+    # each build its own workspace (zeroed, as ops.workspace makes it), so a variant may keep other contents there
+    current_ws = ops.workspace(torch.device("cuda"))
+    ws = {name: current_ws if name == "current" else torch.zeros_like(current_ws) for name in builds}
     spacer = make_spacer(args.reps) if args.alone else None
     times: dict[tuple, list[float]] = {}
     for set_name, shapes in sets.items():
@@ -126,16 +128,16 @@ def main() -> None:
                 a = torch.randn(m, k, device="cuda").half()
                 for kind in kinds:
                     copies = weights[kind]
-                    ref = launch(builds["current"], kind, a, copies[0], ws).float()
+                    ref = launch(builds["current"], kind, a, copies[0], ws["current"]).float()
                     for name in names:
-                        out = launch(builds[name], kind, a, copies[0], ws).float()
+                        out = launch(builds[name], kind, a, copies[0], ws[name]).float()
                         err = ((out - ref).abs().max() / ref.abs().max()).item()
                         if err > 5e-3:
                             print(f"{name} differs from the current kernels: {kind} {k}x{n} m={m}, {err:.2e}")
                     order = list(builds)
                     for r in range(args.rounds):
                         for name in order if r % 2 == 0 else order[::-1]:
-                            fn = launcher(builds[name], kind, a, copies, ws)
+                            fn = launcher(builds[name], kind, a, copies, ws[name])
                             t = (
                                 time_ms(fn, len(copies), args.reps)
                                 if spacer is None
