@@ -9,6 +9,7 @@ variants are compiled in parallel for the GPU present, and every layer shape is 
 the bench's timing (CUDA graphs over rotated weight copies, scripts/bench_kernel.py), rounds in alternating order,
 since a layer's time drifts within a process with what ran before it. Outputs are checked against the current
 kernels first (relative error above 5e-3 is reported: a variant that changes the summation order differs by ~1e-4).
+Every build gets a workspace of its own, zeroed as ops.workspace makes it, so a variant may keep other contents there.
 Prints the mean of the rounds per layer and summed per layer set, in microseconds.
 """
 
