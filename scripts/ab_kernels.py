@@ -113,7 +113,6 @@ def main() -> None:
     ms = [int(m) for m in args.m.split(",")]
     kinds = ["dense", "24"] if args.kind == "both" else [args.kind]
     torch.manual_seed(0)
-    # each build its own workspace (zeroed, as ops.workspace makes it), so a variant may keep other contents there
     current_ws = ops.workspace(torch.device("cuda"))
     ws = {name: current_ws if name == "current" else torch.zeros_like(current_ws) for name in builds}
     spacer = make_spacer(args.reps) if args.alone else None
