@@ -349,15 +349,15 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
 }
 
 // The 2:4 wgmma kernel on sm_90a (marlin24_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n: 64, 32 for m =
-// 17-32, 16 for m <= 16) by W-column tiles (two 128-column strips of the layout, or one on narrow layers:
-// detail::sm90_cols64; 64-row chunks by one only, since 64 x 256 tiles run on Sm90WsCfg: perf-log w10), stages of KT
-// k32 rows: 2 (64 deep, one 128-byte swizzle row of A per row); for 32-row chunks 4 (64-deep stages: 7B / 70B m = 17-32
-// +5% / +12%, perf-log o7), for 16-row ones 4, and 8 at 256 columns (the A tile 64-deep swizzle panels; the per-stage
-// work then serves more weights: perf-log s10, s11).
+// 17-32, 16 for m <= 16, 8 for m <= 8 on most layers: marlin24.cu) by W-column tiles (two 128-column strips of the
+// layout, or one on narrow layers: detail::sm90_cols64; 64-row chunks by one only, since 64 x 256 tiles run on
+// Sm90WsCfg: perf-log w10), stages of KT k32 rows: 2 (64 deep, one 128-byte swizzle row of A per row); for 32-row
+// chunks 4 (64-deep stages: 7B / 70B m = 17-32 +5% / +12%, perf-log o7), for 8- and 16-row ones 4, and 8 at 256
+// columns (the A tile 64-deep swizzle panels; the per-stage work then serves more weights: perf-log s10, s11).
 template <int W_, int R_ = 64, int BLOCKS_ = kMaxBlocksPerSm>
 struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
-  static constexpr int BLOCKS = BLOCKS_;  // blocks per SM: two, or three on 16 x 128 tiles (sm90_blocks_per_sm)
+  static constexpr int BLOCKS = BLOCKS_;  // blocks per SM: two, or three on 16 / 8 x 128 tiles (sm90_blocks_per_sm)
   static constexpr int LOAD_TID0 = 0;  // the threads that copy stages (Sm90Loader): all of them
   static constexpr bool A_TMA = false;  // Sm90Loader copies the A tile too
   static constexpr bool WORD_MAJOR = false;  // codes in 16-byte chunks, as stored (Sm90Loader)
@@ -365,7 +365,7 @@ struct Sm90Cfg {
   static constexpr int W = W_;
   static constexpr int STRIPS = W / 128;  // 128-column strips of the tile
   static constexpr int NS = STRIPS;       // of the warpgroup; also the packed words a warp takes of each chunk
-  static constexpr int KT = R == 16 ? (W == 256 ? 8 : 4) : R == 32 ? 4 : 2;  // k32 rows per stage
+  static constexpr int KT = R <= 16 ? (W == 256 ? 8 : 4) : R == 32 ? 4 : 2;  // k32 rows per stage
   static constexpr int DEPTH = 32 * KT;       // k per tile
   static constexpr int A_CHUNKS = 4 * KT;
   static constexpr int A_STAGE = R * A_CHUNKS;  // int4 per stage
@@ -373,14 +373,14 @@ struct Sm90Cfg {
   static constexpr int M_STAGE = KT * W / 4;    // metadata: 32 chunks per k32 row and 128 columns
   static constexpr int S_STAGE = KT * W / 8;    // up to KT scale rows (group size 32)
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;  // whole swizzle atoms
-  // 16- and 32-row chunks: as many stages as BLOCKS blocks per SM hold, at most 8 (two blocks: 3 / 5 at 256 columns,
-  // 8 / 7 at 128; three: 6 at 16 x 128); 64-row chunks: 8
+  // 8- to 32-row chunks: as many stages as BLOCKS blocks per SM hold, at most 8 (two blocks: 3 / 5 at 256 columns,
+  // 8 / 7 at 128, 16 / 32 rows; three: 6 at 16 x 128, 8 at 8 x 128); 64-row chunks: 8
   static constexpr int STAGES = R == 64 ? 8 : detail::sm90_stages_fit(STAGE, BLOCKS);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int C_ROWS = 0;  // whole strips go to C from the registers (store_registers)
   static constexpr int ACC = R / 2;                        // accumulators per thread per wgmma (m64 x nR / 128)
   static_assert(W == 128 || W == 256, "one or two strips");
-  static_assert(R == 16 || R == 32 || R == 64, "wgmma.sp's n: 16, 32 or 64");
+  static_assert(R == 8 || R == 16 || R == 32 || R == 64, "wgmma.sp's n: 8, 16, 32 or 64");
   static_assert(R != 64 || W == 128, "64 x 256 tiles run on the warp-specialized kernel (Sm90WsCfg)");
   static_assert(A_CHUNKS % 8 == 0, "the A tile must be whole 128-byte swizzle panels: 64 fp16 per row");
   static_assert(STAGES >= 3, "a ring of at least 3 stages");

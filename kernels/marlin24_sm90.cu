@@ -16,7 +16,8 @@
 // 256-column tiles to fill the GPU, as the dense kernel's) warp w takes word j = w of the one strip's chunks, and
 // two m64nRk32 cover its 128 columns. Tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of its
 // strip. Stages are 64 deep for R = 64 (m = 33-64, 128 columns only), 128 for R = 32 (m = 17-32) and 128 or, at 256
-// columns, 256 for R = 16 (m <= 16: perf-log s10, s11, s24), the A tile in 64-deep swizzle panels.
+// columns, 256 for R = 16 and 8 (m <= 16: perf-log s10, s11, s24; m <= 8 on most layers: r8), the A tile in 64-deep
+// swizzle panels.
 //
 // Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes R x 256 tiles, R = 96 up to m = 96 and 128
 // above: two computing warpgroups, one strip each (warp w its word w % 4, two m64nRk32 per k32 row), and a copying
@@ -48,8 +49,9 @@ using namespace detail;
 template <class C, bool GROUPED>
 struct Sm90Loader {
   static constexpr int T = 128;  // copying threads: from C::LOAD_TID0 on
-  // A: a pass copies 16 rows of one 64-deep panel (8 chunks per row), one chunk per thread
+  // A: a pass copies 16 rows of one 64-deep panel (8 chunks per row), or the 8 rows of two, one chunk per thread
   static constexpr int PANELS = C::A_CHUNKS / 8;  // 64-deep panels of the A tile
+  static constexpr int A_ROWS = C::R < 16 ? C::R : 16, A_PP = 16 / A_ROWS;  // rows and panels per pass
   static constexpr int B_PER = C::B_STAGE / T;
   static constexpr int B_ROWS = T / (C::W / 2);  // k32 rows per pass of the B copy
   static constexpr int B_WORDS = 2 * C::W / T;   // word-major: passes per k32 row (2W words)
@@ -59,7 +61,7 @@ struct Sm90Loader {
   static constexpr int S_ROWS = T / (C::W / 8);
   static_assert(C::B_STAGE % T == 0 && B_ROWS >= 1, "whole passes");
   static_assert(C::M_STAGE <= T || C::M_STAGE % T == 0, "whole passes");
-  static_assert(C::R % 16 == 0 && C::A_CHUNKS % 8 == 0, "16 rows of a panel per pass");
+  static_assert((C::R % 16 == 0 || C::R == 8) && PANELS % A_PP == 0, "16 rows of a panel or 8 of two per pass");
   static_assert(C::S_STAGE <= T || C::S_STAGE % T == 0, "whole passes");
 
   // Shapes, strides and base pointers are read from the kernel parameters (constant memory) when needed, so that
@@ -76,7 +78,7 @@ struct Sm90Loader {
   __device__ __forceinline__ Sm90Loader(const Params& params, const int4* a_chunk, int m_rows, int t_begin)
       : p(params), a_g(a_chunk) {
     const int tid = threadIdx.x - C::LOAD_TID0;
-    const int r = tid / 8, j = tid % 8;
+    const int r = tid / 8 % A_ROWS, j = tid % 8 + 8 * (tid / (8 * A_ROWS));  // chunk j of the pass's panels
     a_src = r * (p.k / 8) + j;
     a_rows = m_rows - r;
     a_dst = a_panel_chunk<C::R>(r, j) * 16;
@@ -141,9 +143,9 @@ struct Sm90Loader {
     }
     if (acts && !C::A_TMA) {
 #pragma unroll
-      for (int pn = 0; pn < PANELS; ++pn)
+      for (int pn = 0; pn < PANELS; pn += A_PP)
 #pragma unroll
-        for (int q = 0; q < C::R / 16; ++q) {
+        for (int q = 0; q < (C::R < 16 ? 1 : C::R / 16); ++q) {
           const bool real = 16 * q < a_rows;  // rows past m: zero-filled, the source clamped to row 0
           cp_async16_zfill(st + a_dst + (pn * C::R + 16 * q) * 128,
                            a_g + a_tile + 8 * pn + (real ? a_src + 16 * q * (p.k / 8) : 0),
@@ -217,7 +219,7 @@ struct TileWords {
 // leaves L groups in flight; at the stage's end all are retired (DRAIN), or the last L + 1 stay in flight for
 // ws_kernel (perf-log w9, s14, s17), at most the stage's KT, so none of them remains once the next stage is computed
 // and ws_kernel releases the slot then. The next row's words are read before the wait, so the shared-memory latency
-// hides behind it (perf-log s15), except in 16-row chunks (measured slower).
+// hides behind it (perf-log s15), except in 8- and 16-row chunks (measured slower).
 // ptxas does not keep a group's metadata register until the group retires, as it does its fragments: it rewrites it
 // once the wgmma.sp has issued, and the hardware reads it later. Rewrites 20 and 57 instructions after the issue gave
 // wrong outputs, 65 or more never have (perf-log s15, s17; 100 since s22); scripts/check_meta_hazards.py reports a
@@ -231,8 +233,8 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
   struct Row {
     uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
   };
-  constexpr bool kEarly = C::R != 16;  // the next row's words read before the wait (perf-log s15)
-  constexpr bool kKeep = C::R != 16;   // a scale group's later rows keep its scales (perf-log s19)
+  constexpr bool kEarly = C::R > 16;  // the next row's words read before the wait (perf-log s15)
+  constexpr bool kKeep = C::R > 16;   // a scale group's later rows keep its scales (perf-log s19)
   Row row[KT];
   auto lds_row = [&](int q) {
     Row& r = row[q];
@@ -365,6 +367,11 @@ cudaError_t launch_sm90(int rows, int cols, int blocks_per_sm, bool grouped, con
     }
     return cols == 256 ? launch_ws<Sm90WsCfg<256, 128>>(grouped, p, grid, device, stream)
                        : launch_ws<Sm90WsCfg<128, 128>>(grouped, p, grid, device, stream);
+  }
+  if (rows == 8) {
+    if (cols == 256) return launch_cols<Sm90Cfg<256, 8>>(grouped, p, grid, device, stream);
+    return blocks_per_sm == 3 ? launch_cols<Sm90Cfg<128, 8, 3>>(grouped, p, grid, device, stream)
+                              : launch_cols<Sm90Cfg<128, 8>>(grouped, p, grid, device, stream);
   }
   if (rows == 16) {
     if (cols == 256) return launch_cols<Sm90Cfg<256, 16>>(grouped, p, grid, device, stream);

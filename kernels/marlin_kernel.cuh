@@ -1004,7 +1004,10 @@ cudaError_t launch_with_parts(bool grouped, const P& p, int grid, int device, cu
 }
 
 // A GEMM: the instance `grouped` picks of GROUPED and PER_CHANNEL, its dynamic shared-memory limit raised to smem
-// once per instance and device, launched through launch_with_parts<L, OWN> with args after its Params.
+// once per instance and device, launched through launch_with_parts<L, OWN> with args after its Params. It asks for
+// the SM's largest shared-memory configuration: left to choose, the driver takes the smallest that holds the GEMM's
+// blocks (196 KB for two 2:4 8 x 256 blocks), and then no add_parts_kernel block fits beside them until one leaves
+// (perf-log tl3, cv1).
 template <class L, bool OWN, auto GROUPED, auto PER_CHANNEL, class P, class... A>
 cudaError_t launch_gemm(bool grouped, const P& p, int grid, int threads, int smem, int device, cudaStream_t stream,
                         const A&... args) {
@@ -1012,7 +1015,10 @@ cudaError_t launch_gemm(bool grouped, const P& p, int grid, int threads, int sme
   return launch_with_parts<L, OWN>(grouped, p, grid, device, stream, [&](const P& q) {
     const auto kernel = grouped ? GROUPED : PER_CHANNEL;
     if (!ready[grouped][device]) {
-      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
       if (err != cudaSuccess) return err;
       ready[grouped][device] = true;
     }
@@ -1106,10 +1112,10 @@ constexpr int sm90_stages_fit(int stage, int blocks = kMaxBlocksPerSm) {
   return std::min((sm90_smem(blocks) - 1024) / (stage * 16), 8);
 }
 // Whether a one-warpgroup wgmma configuration of r x w tiles, `depth` deep, may run `blocks` blocks per SM: two, or
-// three on the 16 x 128 x 128 tiles sm90_blocks_per_sm counts; either way every block's two part slots fit the
-// workspace.
+// three on the 16 x 128 x 128 tiles sm90_blocks_per_sm counts (and the 2:4 kernel's 8 x 128 x 128 ones it runs in
+// their place); either way every block's two part slots fit the workspace.
 constexpr bool sm90_blocks_fit(int blocks, int r, int w, int depth) {
-  return (blocks == kMaxBlocksPerSm || (blocks == 3 && r == 16 && w == 128 && depth == 128)) &&
+  return (blocks == kMaxBlocksPerSm || (blocks == 3 && r <= 16 && w == 128 && depth == 128)) &&
          int64_t{blocks} * r * w <= kMaxBlocksPerSm * kMaxTileElems;
 }
 // ... and a warp-specialized block, one per SM (1024 bytes more for its ring's barriers), beside `extra` bytes.

@@ -219,7 +219,12 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], const uint32_t (
 template <int N, int SEL>
 __device__ __forceinline__ void wgmma_sp_m64k32(float (&d)[N / 2], const uint32_t (&a)[4], uint32_t meta,
                                                 uint64_t desc) {
-  if constexpr (N == 16) {
+  if constexpr (N == 8) {
+    asm volatile("wgmma.mma_async.sp.sync.aligned.m64n8k32.f32.f16.f16 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, %8, %9, %10, 1, 1, 1, 0;\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(meta), "n"(SEL));
+  } else if constexpr (N == 16) {
     asm volatile("wgmma.mma_async.sp.sync.aligned.m64n16k32.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
                  "{%8, %9, %10, %11}, %12, %13, %14, 1, 1, 1, 0;\n"
                  : MARLIN_WGMMA_D8_OF(d)

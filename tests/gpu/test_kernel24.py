@@ -86,17 +86,18 @@ def test_large_shapes(m: int, k: int, n: int) -> None:
     _check(m, k, n, 128)
 
 
-@pytest.mark.parametrize("k,n", [(1024, 768), (4096, 4096), (1024, 8192)], ids=str)  # n = 8192: 16 x 256 tiles
+@pytest.mark.parametrize("k,n", [(1024, 768), (4096, 4096), (1024, 8192)], ids=str)  # n = 8192: 8 / 16 x 256 tiles
 @pytest.mark.parametrize("group", [-1, 32, 64, 128])
-@pytest.mark.parametrize("m", [1, 7, 12, 17, 48, 96, 100, 256])
+@pytest.mark.parametrize("m", [1, 7, 8, 12, 17, 48, 96, 100, 256])
 def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
     _check(m, k, n, group)
 
 
 @pytest.mark.parametrize("group", [-1, 32, 128])
-@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("m", [1, 8, 16])
 def test_three_blocks_per_sm(m: int, group: int) -> None:
-    """16 x 128 wgmma.sp tiles at three blocks per SM (11008 x 4096 on the H200: sm90_blocks_per_sm)."""
+    """8 x 128 (m <= 8) and 16 x 128 wgmma.sp tiles at three blocks per SM (11008 x 4096 on the H200:
+    sm90_blocks_per_sm)."""
     _check(m, 11008, 4096, group)
 
 
@@ -111,9 +112,10 @@ def _kernels_launched(m: int, n: int, k: int = 256) -> str:
 
 
 def test_hopper_runs_the_wgmma_sp_kernel() -> None:
-    """On compute capability 9.0 every m runs on the wgmma.sp kernel: 16-row chunks up to m = 16 (m <= 8 included,
-    perf-log s24) and 32-row ones up to m = 32 (perf-log o7), by 256 columns where 256-column strips fill most of the
-    GPU's block slots, else by 128 (the 16-row chunks also on layers with long runs, perf-log s10); 64-row ones up to
+    """On compute capability 9.0 every m runs on the wgmma.sp kernel: 16-row chunks up to m = 16 (perf-log s24),
+    8-row ones at m <= 8 on 256-column tiles and on 128-column ones at three blocks per SM (perf-log r8), and 32-row
+    ones up to m = 32 (perf-log o7), by 256 columns where 256-column strips fill most of the GPU's block slots, else
+    by 128 (the 16-row chunks also on layers with long runs, perf-log s10); 64-row ones up to
     m = 64, by 256 columns on the warp-specialized kernel where those fill most of its one slot per SM (n = 4096
     included, perf-log w10), else 64 x 128 tiles on the one-warpgroup kernel; above m = 64 the warp-specialized
     kernel's 96-row tiles up to m = 96 (perf-log s23) and 128-row ones above, by 256 columns where those fill the GPU
@@ -121,11 +123,13 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
     blocks per SM where that gives each SM fewer tiles than two (perf-log s25)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
-    eight, short16, three16, long16, least, most_wide, least64, wide, wide_4096, narrow, odd = (
-        _kernels_launched(8, 512),
+    eight, short16, three8, three16, long8, long16, least, most_wide, least64, wide, wide_4096, narrow, odd = (
+        _kernels_launched(8, 512),  # 128 columns at two blocks per SM: 16-row chunks
         _kernels_launched(9, 512),
         _kernels_launched(1, 4096, k=11008),  # 2752 tiles: 21 per SM at three blocks, 22 at two
-        _kernels_launched(16, 8192, k=28672),  # 32 strips x 448 tiles: more than 32 per block slot
+        _kernels_launched(16, 4096, k=11008),
+        _kernels_launched(8, 8192, k=28672),  # 32 strips x 448 tiles: more than 32 per block slot
+        _kernels_launched(16, 8192, k=28672),
         _kernels_launched(17, 512),
         _kernels_launched(32, 16384),
         _kernels_launched(33, 512),
@@ -142,8 +146,8 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
         _kernels_launched(97, 16384),
     )
     assert "Sm90Cfg<128, 16, 2>" in eight and "gemm24_kernel<" not in eight
-    assert "Sm90Cfg<128, 16, 2>" in short16 and "Sm90Cfg<128, 16, 3>" in three16
-    assert "Sm90Cfg<256, 16, 2>" in long16
+    assert "Sm90Cfg<128, 16, 2>" in short16 and "Sm90Cfg<128, 8, 3>" in three8 and "Sm90Cfg<128, 16, 3>" in three16
+    assert "Sm90Cfg<256, 8, 2>" in long8 and "Sm90Cfg<256, 16, 2>" in long16
     assert "Sm90Cfg<128, 32, 2>" in least and "Sm90Cfg<256, 32, 2>" in most_wide
     assert "Sm90Cfg<128, 64, 2>" in least64
     assert "Sm90WsCfg<256, 64>" in wide and "Sm90WsCfg<256, 64>" in wide_4096
