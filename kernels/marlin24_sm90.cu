@@ -219,7 +219,7 @@ struct TileWords {
 // leaves L groups in flight; at the stage's end all are retired (DRAIN), or the last L + 1 stay in flight for
 // ws_kernel (perf-log w9, s14, s17), at most the stage's KT, so none of them remains once the next stage is computed
 // and ws_kernel releases the slot then. The next row's words are read before the wait, so the shared-memory latency
-// hides behind it (perf-log s15), except in 8- and 16-row chunks (measured slower).
+// hides behind it (perf-log s15), in 8-row chunks before the row's wgmma.sp (pb2), in 16-row ones after the wait.
 // ptxas does not keep a group's metadata register until the group retires, as it does its fragments: it rewrites it
 // once the wgmma.sp has issued, and the hardware reads it later. Rewrites 20 and 57 instructions after the issue gave
 // wrong outputs, 65 or more never have (perf-log s15, s17; 100 since s22); scripts/check_meta_hazards.py reports a
@@ -233,8 +233,12 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
   struct Row {
     uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
   };
-  constexpr bool kEarly = C::R > 16;  // the next row's words read before the wait (perf-log s15)
-  constexpr bool kKeep = C::R > 16;   // a scale group's later rows keep its scales (perf-log s19)
+  // Where the next row's words are read: before this row's wgmma.sp (8-row chunks, perf-log pb2), before its wait
+  // (32 rows and more, s15) or after it (16-row chunks: earlier, two blocks of 148 registers left no room for the
+  // parts kernel, pb1 and tl3)
+  enum { kBeforeIssue, kBeforeWait, kAfterWait };
+  constexpr int kNext = C::R == 8 ? kBeforeIssue : C::R > 16 ? kBeforeWait : kAfterWait;
+  constexpr bool kKeep = C::R > 16;  // a scale group's later rows keep its scales (perf-log s19)
   Row row[KT];
   auto lds_row = [&](int q) {
     Row& r = row[q];
@@ -259,6 +263,7 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
     uint32_t a[2 * J][4];
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) tile_pair<GROUPED>(r.wx[jj], r.wy[jj], r.vx[jj], r.vy[jj], a[2 * jj], a[2 * jj + 1]);
+    if (q + 1 < KT && kNext == kBeforeIssue) lds_row(q + 1);
     pin(acc);
     wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
 #pragma unroll
@@ -267,10 +272,10 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
       wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], r.mw[jj], desc);
     }
     wgmma_commit();
-    if (q + 1 < KT && kEarly) lds_row(q + 1);
+    if (q + 1 < KT && kNext == kBeforeWait) lds_row(q + 1);
     wgmma_wait_tile<KT, DRAIN, L>(q);
     pin(acc);
-    if (q + 1 < KT && !kEarly) lds_row(q + 1);
+    if (q + 1 < KT && kNext == kAfterWait) lds_row(q + 1);
   }
 }
 #endif
