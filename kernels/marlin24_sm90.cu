@@ -145,7 +145,7 @@ struct Sm90Loader {
 #pragma unroll
       for (int pn = 0; pn < PANELS; pn += A_PP)
 #pragma unroll
-        for (int q = 0; q < (C::R < 16 ? 1 : C::R / 16); ++q) {
+        for (int q = 0; q < C::R / A_ROWS; ++q) {
           const bool real = 16 * q < a_rows;  // rows past m: zero-filled, the source clamped to row 0
           cp_async16_zfill(st + a_dst + (pn * C::R + 16 * q) * 128,
                            a_g + a_tile + 8 * pn + (real ? a_src + 16 * q * (p.k / 8) : 0),
