@@ -622,8 +622,9 @@ __device__ __forceinline__ int4 scaled_row8(const float (&v)[8], const void* s, 
 // which it writes to C itself (not STAGED). Per-channel scales are permuted (dense) or in column order (2:4).
 template <class C, bool PERMUTED>
 struct RowParts {
-  static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = 2 * W;
+  static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = 2 * W, MAX_SPLIT = 1;
   static constexpr bool STAGED = false;
+  static __device__ __forceinline__ int thread(int s, int, int) { return s; }
   static __device__ __forceinline__ int64_t at(int band, int t) { return band * 2 * W + t; }
   static __device__ __forceinline__ int row(int t, int) { return t / (W / 4); }
   static __device__ __forceinline__ int col(int t, int e) { return 4 * (t % (W / 4)) + e; }
@@ -633,24 +634,27 @@ struct RowParts {
 // The split strips of a launch, added up after it on the same stream (it waits for the launch to complete): the
 // GEMM's blocks only save their parts, and the sums are spread over the whole GPU. Before, the block that completed
 // a strip's count added the parts alone, after a fence and an atomic (perf-log a1, q1). Block (chunk, col, band)
-// takes rows 8 band .. 8 band + 7 of strip col. L, the parts' layout (RowParts, RegisterParts): L::THREADS threads,
-// thread t adds float4 L::at(band, t) of each part in block order (so results do not depend on timing), its four
-// sums are element (L::row(t, e), L::col(t, e)) of the band, scaled per channel by the scale at L::scale(column);
-// where a thread's four are not consecutive columns of a row (L::STAGED), they meet as fp16 in shared memory and go to
-// C in 16-byte row chunks. Threads whose values are all in rows past m load nothing.
+// takes rows 8 band .. 8 band + 7 of strip col, in SPLIT blocks (1 or L::MAX_SPLIT) of W / SPLIT columns each. L, the
+// parts' layout (RowParts, RegisterParts): L::THREADS threads a band; thread s of the block for columns [h W / SPLIT,
+// (h + 1) W / SPLIT) is the band's thread t = L::thread(s, h, SPLIT), which adds float4 L::at(band, t) of each part
+// in block order (so results do not depend on timing); its four sums are element (L::row(t, e), L::col(t, e)) of the
+// band, scaled per channel by the scale at L::scale(column). Where a thread's four are not consecutive columns of a
+// row (L::STAGED), they meet as fp16 in shared memory and go to C in 16-byte row chunks. Threads whose values are all
+// in rows past m load nothing.
 // Where the GEMM's grid took every block slot (p.early_dependents), the next kernel may start as soon as this one's
 // blocks all run: its blocks take the SMs the GEMM leaves and read their first weights while the parts are added (its
 // own wait covers this kernel, which waits for the GEMM). Beside a smaller grid they would start on the free slots at
 // once, as pipeline() says, so there the next kernel starts once the GEMM is done (perf-log pd1).
-template <class L, bool GROUPED>
-__global__ void __launch_bounds__(L::THREADS) add_parts_kernel(const Params p) {
+template <class L, bool GROUPED, int SPLIT>
+__global__ void __launch_bounds__(L::THREADS / SPLIT) add_parts_kernel(const Params p) {
   if (p.early_dependents) allow_dependents();
   grid_dependency_wait();
   if (!p.early_dependents) allow_dependents();
+  constexpr int kW = L::W / SPLIT;  // the block's columns
   const int n_cols = p.n / L::W;
-  const int band = blockIdx.x % (L::R / 8);
-  const int col = blockIdx.x / (L::R / 8) % n_cols;
-  const int chunk = blockIdx.x / (L::R / 8) / n_cols;
+  const int h = blockIdx.x % SPLIT, band = blockIdx.x / SPLIT % (L::R / 8);
+  const int col = blockIdx.x / SPLIT / (L::R / 8) % n_cols;
+  const int chunk = blockIdx.x / SPLIT / (L::R / 8) / n_cols;
   const int rows = min(L::R, p.m - chunk * L::R) - 8 * band;  // rows of this band that exist
   const int k_tiles = p.k / L::DEPTH;
   const int iters = tiles_per_run(n_cols * k_tiles, p.blocks_per_chunk);
@@ -658,7 +662,7 @@ __global__ void __launch_bounds__(L::THREADS) add_parts_kernel(const Params p) {
   const int bid_lo = strip_begin / iters, bid_hi = (strip_begin + k_tiles - 1) / iters;
   if (rows <= 0 || bid_lo == bid_hi) return;  // no rows, or the run that held the whole strip wrote it
 
-  const int t = threadIdx.x;
+  const int t = L::thread(threadIdx.x, h, SPLIT);
   bool mine = false;  // some of the thread's values are in rows that exist
 #pragma unroll
   for (int e = 0; e < 4; ++e) mine |= L::row(t, e) < rows;
@@ -681,29 +685,29 @@ __global__ void __launch_bounds__(L::THREADS) add_parts_kernel(const Params p) {
       if (b0 + q <= bid_hi) v[0] += x[q].x, v[1] += x[q].y, v[2] += x[q].z, v[3] += x[q].w;
     }
   }
-  alignas(8) __half h[4];
+  alignas(8) __half out[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const int x = L::col(t, e);
     const float s = GROUPED ? 1.f : __half2float(reinterpret_cast<const __half*>(p.s)[L::scale(col * L::W + x)]);
-    h[e] = __float2half_rn(v[e] * s);
+    out[e] = __float2half_rn(v[e] * s);
   }
   __half* const c = reinterpret_cast<__half*>(p.c) + (static_cast<int64_t>(chunk) * L::R + 8 * band) * p.n + col * L::W;
   if constexpr (!L::STAGED) {
     if (mine) {
       *reinterpret_cast<uint2*>(c + static_cast<int64_t>(L::row(t, 0)) * p.n + L::col(t, 0)) =
-          *reinterpret_cast<const uint2*>(h);
+          *reinterpret_cast<const uint2*>(out);
     }
   } else {
     constexpr int kPad = 8;  // halves: spreads the rows' 2-byte stores over the banks
-    __shared__ alignas(16) __half rows8[8][L::W + kPad];
+    __shared__ alignas(16) __half rows8[8][kW + kPad];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) rows8[L::row(t, e)][L::col(t, e)] = h[e];
+    for (int e = 0; e < 4; ++e) rows8[L::row(t, e)][L::col(t, e) - h * kW] = out[e];
     __syncthreads();
-    for (int e = t; e < 8 * (L::W / 8); e += L::THREADS) {
-      const int r = e / (L::W / 8), q = e % (L::W / 8);
+    for (int e = threadIdx.x; e < 8 * (kW / 8); e += L::THREADS / SPLIT) {
+      const int r = e / (kW / 8), q = e % (kW / 8);
       if (r < rows) {
-        *reinterpret_cast<int4*>(c + static_cast<int64_t>(r) * p.n + 8 * q) =
+        *reinterpret_cast<int4*>(c + static_cast<int64_t>(r) * p.n + h * kW + 8 * q) =
             *reinterpret_cast<const int4*>(&rows8[r][8 * q]);
       }
     }
@@ -986,44 +990,71 @@ cudaError_t launch_kernel(void (*kernel)(P...), int grid, int threads, int smem,
 }
 
 // A GEMM of `grid` blocks whose split column strips' parts are laid out as L says, started by launch(q), and
-// add_parts_kernel<L> after it when the launch leaves strips in parts, unless the kernel adds them itself (OWN: a
-// warp-specialized kernel, where own_parts() holds; q.flags is null otherwise); q is p (the kernel's Params, a 2:4
-// one included) with the early start of the next kernel on when add_parts_kernel follows, since its blocks may wait
-// beside the GEMM's.
+// add_parts_kernel<L> after it when the launch leaves strips in parts, a band in `band_blocks` blocks (1 or
+// L::MAX_SPLIT), unless the kernel adds them itself (OWN: a warp-specialized kernel, where own_parts() holds; q.flags
+// is null otherwise); q is p (the kernel's Params, a 2:4 one included) with the early start of the next kernel on when
+// add_parts_kernel follows, since its blocks may wait beside the GEMM's.
 template <class L, bool OWN = false, class P, class Launch>
-cudaError_t launch_with_parts(bool grouped, const P& p, int grid, int device, cudaStream_t stream, Launch&& launch) {
+cudaError_t launch_with_parts(bool grouped, const P& p, int grid, int device, cudaStream_t stream, Launch&& launch,
+                              int band_blocks = 1) {
   const int n_cols = p.n / L::W, k_tiles = p.k / L::DEPTH;
   const bool split = splits_strips(p.blocks_per_chunk, n_cols, k_tiles);
   P q = p;
   if (!OWN || !split || !own_parts(p.blocks_per_chunk, n_cols, k_tiles)) q.flags = nullptr;
   q.early_dependents |= split && q.flags == nullptr;
   if (const cudaError_t err = launch(q); err != cudaSuccess || !split || q.flags != nullptr) return err;
-  const int blocks = grid / p.blocks_per_chunk * n_cols * (L::R / 8);
-  return launch_kernel(grouped ? add_parts_kernel<L, true> : add_parts_kernel<L, false>, blocks, L::THREADS, 0, device,
-                       stream, static_cast<const Params&>(p));
+  const int blocks = grid / p.blocks_per_chunk * n_cols * (L::R / 8) * band_blocks;
+  constexpr int S = L::MAX_SPLIT;
+  const auto kernel = band_blocks == 1 ? (grouped ? add_parts_kernel<L, true, 1> : add_parts_kernel<L, false, 1>)
+                                       : (grouped ? add_parts_kernel<L, true, S> : add_parts_kernel<L, false, S>);
+  return launch_kernel(kernel, blocks, L::THREADS / band_blocks, 0, device, stream, static_cast<const Params&>(p));
+}
+
+// Whether one block of `parts` (`parts_threads` threads) fits on an SM beside as many blocks of `gemm` (`threads`,
+// `smem` bytes of dynamic shared memory) as fit there: registers are allocated per warp in steps of 256, and each
+// block has shared memory reserved beside its own.
+template <class G, class A>
+bool fits_beside(G gemm, int threads, int smem, A parts, int parts_threads, int device) {
+  cudaFuncAttributes g, a;
+  int blocks = 0;
+  if (cudaFuncGetAttributes(&g, gemm) != cudaSuccess || cudaFuncGetAttributes(&a, parts) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm, threads, smem) != cudaSuccess) {
+    return false;
+  }
+  const auto regs = [](int per_thread, int n) { return (n + 31) / 32 * ((per_thread * 32 + 255) / 256 * 256); };
+  const int reserved = device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(device);
+  return blocks * regs(g.numRegs, threads) + regs(a.numRegs, parts_threads) <=
+             device_attribute<cudaDevAttrMaxRegistersPerMultiprocessor>(device) &&
+         blocks * (smem + static_cast<int>(g.sharedSizeBytes) + reserved) + static_cast<int>(a.sharedSizeBytes) +
+                 reserved <=
+             device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(device);
 }
 
 // A GEMM: the instance `grouped` picks of GROUPED and PER_CHANNEL, its dynamic shared-memory limit raised to smem
 // once per instance and device, launched through launch_with_parts<L, OWN> with args after its Params. It asks for
 // the SM's largest shared-memory configuration: left to choose, the driver takes the smallest that holds the GEMM's
 // blocks (196 KB for two 2:4 8 x 256 blocks), and then no add_parts_kernel block fits beside them until one leaves
-// (perf-log tl3, cv1).
+// (perf-log tl3, cv1). For the same reason a band's parts take L::MAX_SPLIT blocks where a whole band's block does
+// not fit beside the GEMM's blocks (the dense 16 x 256 tiles: 185 registers); where it fits, the split was slower
+// (the 2:4 16 x 256 tiles: +0.2-0.5 us a layer, perf-log pk1).
 template <class L, bool OWN, auto GROUPED, auto PER_CHANNEL, class P, class... A>
 cudaError_t launch_gemm(bool grouped, const P& p, int grid, int threads, int smem, int device, cudaStream_t stream,
                         const A&... args) {
-  static bool ready[2][kMaxDevices] = {};
-  return launch_with_parts<L, OWN>(grouped, p, grid, device, stream, [&](const P& q) {
-    const auto kernel = grouped ? GROUPED : PER_CHANNEL;
-    if (!ready[grouped][device]) {
-      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (err != cudaSuccess) return err;
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-      if (err != cudaSuccess) return err;
-      ready[grouped][device] = true;
-    }
-    return launch_kernel(kernel, grid, threads, smem, device, stream, q, args...);
-  });
+  static int band_blocks[2][kMaxDevices] = {};  // 0 until the instance is set up on the device
+  const auto kernel = grouped ? GROUPED : PER_CHANNEL;
+  if (band_blocks[grouped][device] == 0) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (err != cudaSuccess) return err;
+    const auto parts = grouped ? add_parts_kernel<L, true, 1> : add_parts_kernel<L, false, 1>;
+    const bool whole = L::MAX_SPLIT == 1 || fits_beside(kernel, threads, smem, parts, L::THREADS, device);
+    band_blocks[grouped][device] = whole ? 1 : L::MAX_SPLIT;
+  }
+  return launch_with_parts<L, OWN>(
+      grouped, p, grid, device, stream,
+      [&](const P& q) { return launch_kernel(kernel, grid, threads, smem, device, stream, q, args...); },
+      band_blocks[grouped][device]);
 }
 
 // The checks both products make before any launch (k % 128, n % n_multiple, the device, the workspace); sets

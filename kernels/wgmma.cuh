@@ -584,12 +584,20 @@ __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, 
 // tile j of thread t of a row block at (j * R / 8 + band) * TP + t, TP = THREADS / RB threads per row block. For
 // add_parts_kernel (8-row bands: float4 `band` of each tile) thread t = j * TP + t' takes tile j of those threads'
 // t': element e is row 2 (t' % 4) + e % 2 of the band, column of(j, e / 2) from the thread's first (Cols, the
-// kernel's column map). T: wgmma tiles per thread.
+// kernel's column map). T: wgmma tiles per thread. Bands of more than 256 such threads of 8- and 16-row tiles may be
+// split over SPLIT = MAX_SPLIT blocks (launch_gemm), block h taking threads t' in [h TP / SPLIT, (h + 1) TP / SPLIT)
+// of every tile: whole warps, whose columns (both column maps go warp by warp) are the strip's h-th W / SPLIT. On the
+// 2:4 32 x 256 tiles the split was slower (+1-4% a layer at M = 32, perf-log pk1), so taller tiles keep whole bands.
 template <class C, class Cols, int T>
 struct RegisterParts {
   static constexpr int TP = C::THREADS / (C::R / (2 * C::ACC));
+  static constexpr int MAX_SPLIT = C::R <= 16 && TP * T > 256 ? TP * T / 256 : 1;
   static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = TP * T;
   static constexpr bool STAGED = true;
+  static_assert(TP % (32 * MAX_SPLIT) == 0, "whole warps per block");
+  static __device__ __forceinline__ int thread(int s, int h, int split) {
+    return s / (TP / split) * TP + h * (TP / split) + s % (TP / split);
+  }
   static __device__ __forceinline__ int64_t at(int band, int t) { return (t / TP * R / 8 + band) * TP + t % TP; }
   static __device__ __forceinline__ int row(int t, int e) { return 2 * (t % 4) + e % 2; }
   static __device__ __forceinline__ int col(int t, int e) { return Cols::x0(0, t % TP) + Cols::of(t / TP, e / 2); }
