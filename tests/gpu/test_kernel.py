@@ -11,6 +11,8 @@ worst), and scale the fp32 sums; test_offset_cancellation is the hard case for t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from gpu_helpers import (
@@ -295,6 +297,25 @@ def test_split_strips_are_added_by_a_second_kernel() -> None:
     for m in (1, 65, 256):
         whole = _kernels_launched(m, 128, wide)
         assert "add_parts_kernel" not in whole, f"m={m}: {whole}"
+
+
+def _parts_blocks_per_band(launched: str) -> list[int]:
+    """The blocks per 8-row band (the last template argument) of each add_parts_kernel in `launched`."""
+    return [int(x) for x in re.findall(r"add_parts_kernel<.*?, (?:true|false), (\d+)>\(", launched)]
+
+
+def test_parts_bands_split_where_their_block_does_not_fit() -> None:
+    """On 8- and 16-row wgmma tiles a band of split strips' parts takes two 256-thread blocks where one 512-thread
+    block does not fit on an SM beside the GEMM's blocks (perf-log pk1): the dense 16 x 256 tiles (185 registers a
+    thread) leave too little room, the 2:4 ones (128) enough; 32-row tiles keep whole bands."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernels need compute capability 9.0")
+    dense16, dense32 = _kernels_launched(16, 4096, 12288), _kernels_launched(32, 4096, 12288)
+    assert "Sm90Cfg<16, 256, 2>" in dense16 and _parts_blocks_per_band(dense16) == [2], dense16
+    assert "Sm90Cfg<32, 256, 2>" in dense32 and _parts_blocks_per_band(dense32) == [1], dense32
+    a, b24, meta, s24 = random_operands24(16, 4096, 12288, 128)
+    sparse16 = kernels_launched(lambda: ops.gemm24(a, b24, meta, s24))
+    assert "Sm90Cfg<256, 16, 2>" in sparse16 and _parts_blocks_per_band(sparse16) == [1], sparse16
 
 
 @pytest.mark.parametrize(
