@@ -219,7 +219,8 @@ struct TileWords {
 // leaves L groups in flight; at the stage's end all are retired (DRAIN), or the last L + 1 stay in flight for
 // ws_kernel (perf-log w9, s14, s17), at most the stage's KT, so none of them remains once the next stage is computed
 // and ws_kernel releases the slot then. The next row's words are read before the wait, so the shared-memory latency
-// hides behind it (perf-log s15), in 8-row chunks before the row's wgmma.sp (pb2), in 16-row ones after the wait.
+// hides behind it (perf-log s15); in 8-row chunks and three-block 16 x 128 tiles before the row's wgmma.sp (pb2, p3),
+// in other 16-row ones after the wait.
 // ptxas does not keep a group's metadata register until the group retires, as it does its fragments: it rewrites it
 // once the wgmma.sp has issued, and the hardware reads it later. Rewrites 20 and 57 instructions after the issue gave
 // wrong outputs, 65 or more never have (perf-log s15, s17; 100 since s22); scripts/check_meta_hazards.py reports a
@@ -233,11 +234,14 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
   struct Row {
     uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
   };
-  // Where the next row's words are read: before this row's wgmma.sp (8-row chunks, perf-log pb2), before its wait
-  // (32 rows and more, s15) or after it (16-row chunks: earlier, two blocks of 148 registers left no room for the
-  // parts kernel, pb1 and tl3)
+  // Where the next row's words are read: before this row's wgmma.sp (8-row chunks, perf-log pb2; 16-row chunks at
+  // three blocks per SM, chosen only for long runs: p3), before its wait (32 rows and more, s15) or after it (other
+  // 16-row chunks: earlier gained on long runs and lost 0.2-1 us a layer on runs of 3-5 tiles, pb1, pk1)
   enum { kBeforeIssue, kBeforeWait, kAfterWait };
-  constexpr int kNext = C::R == 8 ? kBeforeIssue : C::R > 16 ? kBeforeWait : kAfterWait;
+  constexpr int kNext = [] {
+    if constexpr (C::R == 16) return C::BLOCKS == 3 ? int{kBeforeIssue} : int{kAfterWait};
+    return C::R == 8 ? int{kBeforeIssue} : int{kBeforeWait};
+  }();
   constexpr bool kKeep = C::R > 16;  // a scale group's later rows keep its scales (perf-log s19)
   Row row[KT];
   auto lds_row = [&](int q) {
