@@ -235,8 +235,8 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
     uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
   };
   // Where the next row's words are read: before this row's wgmma.sp (8-row chunks, perf-log pb2; 16-row chunks at
-  // three blocks per SM, chosen only for long runs: p3), before its wait (32 rows and more, s15) or after it (other
-  // 16-row chunks: earlier gained on long runs and lost 0.2-1 us a layer on runs of 3-5 tiles, pb1, pk1)
+  // three blocks per SM, measured on 11008 x 4096's runs of 7 tiles: p3), before its wait (32 rows and more, s15) or
+  // after it (other 16-row chunks: earlier gained on long runs and lost 0.2-1 us a layer on runs of 3-5, pb1, pk1)
   enum { kBeforeIssue, kBeforeWait, kAfterWait };
   constexpr int kNext = [] {
     if constexpr (C::R == 16) return C::BLOCKS == 3 ? int{kBeforeIssue} : int{kAfterWait};
