@@ -989,6 +989,14 @@ cudaError_t launch_kernel(void (*kernel)(P...), int grid, int threads, int smem,
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
+// The add_parts_kernel instance for L's parts, a band in `band_blocks` blocks (1 or L::MAX_SPLIT).
+template <class L>
+auto parts_kernel(bool grouped, int band_blocks) {
+  constexpr int S = L::MAX_SPLIT;
+  if (band_blocks == 1) return grouped ? add_parts_kernel<L, true, 1> : add_parts_kernel<L, false, 1>;
+  return grouped ? add_parts_kernel<L, true, S> : add_parts_kernel<L, false, S>;
+}
+
 // A GEMM of `grid` blocks whose split column strips' parts are laid out as L says, started by launch(q), and
 // add_parts_kernel<L> after it when the launch leaves strips in parts, a band in `band_blocks` blocks (1 or
 // L::MAX_SPLIT), unless the kernel adds them itself (OWN: a warp-specialized kernel, where own_parts() holds; q.flags
@@ -1004,10 +1012,8 @@ cudaError_t launch_with_parts(bool grouped, const P& p, int grid, int device, cu
   q.early_dependents |= split && q.flags == nullptr;
   if (const cudaError_t err = launch(q); err != cudaSuccess || !split || q.flags != nullptr) return err;
   const int blocks = grid / p.blocks_per_chunk * n_cols * (L::R / 8) * band_blocks;
-  constexpr int S = L::MAX_SPLIT;
-  const auto kernel = band_blocks == 1 ? (grouped ? add_parts_kernel<L, true, 1> : add_parts_kernel<L, false, 1>)
-                                       : (grouped ? add_parts_kernel<L, true, S> : add_parts_kernel<L, false, S>);
-  return launch_kernel(kernel, blocks, L::THREADS / band_blocks, 0, device, stream, static_cast<const Params&>(p));
+  return launch_kernel(parts_kernel<L>(grouped, band_blocks), blocks, L::THREADS / band_blocks, 0, device, stream,
+                       static_cast<const Params&>(p));
 }
 
 // Whether one block of `parts` (`parts_threads` threads) fits on an SM beside as many blocks of `gemm` (`threads`,
@@ -1047,8 +1053,8 @@ cudaError_t launch_gemm(bool grouped, const P& p, int grid, int threads, int sme
     if (err != cudaSuccess) return err;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     if (err != cudaSuccess) return err;
-    const auto parts = grouped ? add_parts_kernel<L, true, 1> : add_parts_kernel<L, false, 1>;
-    const bool whole = L::MAX_SPLIT == 1 || fits_beside(kernel, threads, smem, parts, L::THREADS, device);
+    const bool whole =
+        L::MAX_SPLIT == 1 || fits_beside(kernel, threads, smem, parts_kernel<L>(grouped, 1), L::THREADS, device);
     band_blocks[grouped][device] = whole ? 1 : L::MAX_SPLIT;
   }
   return launch_with_parts<L, OWN>(
