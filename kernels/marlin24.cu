@@ -104,8 +104,9 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   // On an sm_90a build and a Hopper GPU the wgmma.sp kernel, by 256 columns or, on layers too narrow for those to
   // fill the GPU, 128 (the dense kernel's rule, sm90_cols64): 16-row chunks with 128-deep stages for m <= 16
   // (faster than the mma.sp kernel's on every layer measured at m = 9-16: s10; at m = 1-8 7B -5%, 70B level: s24),
-  // 8-row ones for m <= 8 on 256-column tiles and on 128-column ones at three blocks per SM (half the A tile's copies
-  // and operand reads: 7B / 70B m = 1 -4% / -2%; 128-column tiles at two blocks per SM lost up to 14%: perf-log r8),
+  // 8-row ones for m <= 8 on 256-column tiles and on 128-column ones at three or four blocks per SM (half the A
+  // tile's copies and operand reads: 7B / 70B m = 1 -4% / -2%; 128-column tiles at two blocks per SM lost up to 14%:
+  // perf-log r8; four blocks: b4),
   // 32-row ones for m = 17-32 (half the 64-row chunks' tensor work: 7B / 70B -29%, perf-log o7), 64-row ones for
   // m = 33-64, 96-row ones for m = 65-96 (a quarter less tensor and A-tile work than 128 rows, as the dense kernel's:
   // perf-log s23) and 128-row ones above. From 96 rows, and 64 rows by 256 columns, the warp-specialized kernel runs
@@ -116,8 +117,8 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   const int n_cols = cols > 0 ? g.n / cols : 0;
   const int k_tiles = g.k / Sm90Cfg<128>::DEPTH;
   if (cols > 0 && detail::has_wgmma(g.device)) {
-    const int bps = detail::sm90_blocks_per_sm(ws_tile(rows, cols), rows, cols, g.sms, g.n, g.k);
-    if (g.m <= 8 && (cols == 256 || bps == 3)) rows = 8;
+    const int bps = detail::sm90_blocks_per_sm(ws_tile(rows, cols), rows, cols, g.sms, g.n, g.k, g.m <= 8);
+    if (g.m <= 8 && (cols == 256 || bps > kMaxBlocksPerSm)) rows = 8;
     return detail::run_chunk_groups(p, g, g.a, lg_group, rows, [&](int par) {
       const int per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, k_tiles, rows, bps);
       const int grid = detail::size_grid(p, par, per_chunk, g.sms * bps);

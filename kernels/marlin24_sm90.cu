@@ -377,9 +377,10 @@ cudaError_t launch_sm90(int rows, int cols, int blocks_per_sm, bool grouped, con
     return cols == 256 ? launch_ws<Sm90WsCfg<256, 128>>(grouped, p, grid, device, stream)
                        : launch_ws<Sm90WsCfg<128, 128>>(grouped, p, grid, device, stream);
   }
-  if (rows == 8) {  // 128 columns only at three blocks per SM (gemm24)
-    return cols == 256 ? launch_cols<Sm90Cfg<256, 8>>(grouped, p, grid, device, stream)
-                       : launch_cols<Sm90Cfg<128, 8, 3>>(grouped, p, grid, device, stream);
+  if (rows == 8) {  // 128 columns only at three or four blocks per SM (gemm24)
+    if (cols == 256) return launch_cols<Sm90Cfg<256, 8>>(grouped, p, grid, device, stream);
+    return blocks_per_sm == 4 ? launch_cols<Sm90Cfg<128, 8, 4>>(grouped, p, grid, device, stream)
+                              : launch_cols<Sm90Cfg<128, 8, 3>>(grouped, p, grid, device, stream);
   }
   if (rows == 16) {
     if (cols == 256) return launch_cols<Sm90Cfg<256, 16>>(grouped, p, grid, device, stream);

@@ -1150,9 +1150,10 @@ constexpr int sm90_stages_fit(int stage, int blocks = kMaxBlocksPerSm) {
 }
 // Whether a one-warpgroup wgmma configuration of r x w tiles, `depth` deep, may run `blocks` blocks per SM: two, or
 // three on the 16 x 128 x 128 tiles sm90_blocks_per_sm counts (and the 2:4 kernel's 8 x 128 x 128 ones it runs in
-// their place); either way every block's two part slots fit the workspace.
+// their place), or four on those 8 x 128 x 128 ones; either way every block's two part slots fit the workspace.
 constexpr bool sm90_blocks_fit(int blocks, int r, int w, int depth) {
-  return (blocks == kMaxBlocksPerSm || (blocks == 3 && r <= 16 && w == 128 && depth == 128)) &&
+  const bool narrow = w == 128 && depth == 128;
+  return (blocks == kMaxBlocksPerSm || (blocks == 3 && r <= 16 && narrow) || (blocks == 4 && r <= 8 && narrow)) &&
          int64_t{blocks} * r * w <= kMaxBlocksPerSm * kMaxTileElems;
 }
 // ... and a warp-specialized block, one per SM (1024 bytes more for its ring's barriers), beside `extra` bytes.
@@ -1285,13 +1286,18 @@ inline bool sm90_ws(int rows) { return rows >= 64; }
 // tiles (128 deep; 16-row chunks run one chunk per launch, m <= 16). A block takes a run of whole tiles, so an SM's
 // work is its blocks times their runs' length: three blocks on 11008 x 4096 give an SM 21 tiles (22 with two) and
 // were 7-9% faster; on equal work they were up to 9% slower (more, shorter runs, so more parts), on one tile more per
-// SM 3-15% slower (perf-log s25).
-inline int sm90_blocks_per_sm(bool ws, int rows, int cols, int sms, int n, int k) {
+// SM 3-15% slower (perf-log s25). With `four` (the 2:4 kernel at m <= 8, whose 8-row chunks take 3 and 4 blocks) four
+// blocks where they leave each SM no more tiles than the choice above, on runs of at least 4 tiles: 16 warps per SM
+// instead of 8, as the dense mma.sync blocks have there (14336 x 4096 at m = 1-8 -12%, 8192 x 4096 -5%; 4096 x 4096,
+// runs of 2, level back to back and 7% slower alone: perf-log b4).
+inline int sm90_blocks_per_sm(bool ws, int rows, int cols, int sms, int n, int k, bool four = false) {
   if (ws) return 1;
   if (rows != 16 || cols != 128) return kMaxBlocksPerSm;
   const int tiles = n / 128 * (k / 128);
-  const auto sm_tiles = [&](int blocks) { return blocks * tiles_per_run(tiles, sms * blocks); };
-  return sm_tiles(3) < sm_tiles(kMaxBlocksPerSm) ? 3 : kMaxBlocksPerSm;
+  const auto run = [&](int blocks) { return tiles_per_run(tiles, sms * blocks); };
+  const auto sm_tiles = [&](int blocks) { return blocks * run(blocks); };
+  const int best = sm_tiles(3) < sm_tiles(kMaxBlocksPerSm) ? 3 : kMaxBlocksPerSm;
+  return four && sm_tiles(4) <= sm_tiles(best) && run(4) >= 4 ? 4 : best;
 }
 // Blocks per chunk for the wgmma kernels on `rows`-row chunks: every block slot (`blocks_per_sm` per SM), shared by
 // `par` chunks. Chunks of 32 rows and more take at most 8 parts per column strip: a 64-row tile's fp32 partial is

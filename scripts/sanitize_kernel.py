@@ -63,6 +63,7 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (16, 2048, 256, 32),  # wgmma.sp kernel, 16 x 128 tiles, 128-deep stages, split k
     (1, 11008, 4096, -1),  # ... 8 x 128 tiles (m <= 8) at three blocks per SM (sm90_blocks_per_sm), per channel
     (16, 11008, 4096, 32),  # ... 16 x 128 tiles at three blocks per SM
+    (5, 8192, 4096, 32),  # ... 8 x 128 tiles at four blocks per SM, groups of 32
     (12, 1024, 16384, 32),  # 16 x 256 tiles, 256-deep stages: two passes of scale rows
     (8, 1024, 16384, 32),  # 8 x 256 tiles (m <= 8), the same stages
     (9, 2048, 512, -1),  # per-channel scales
