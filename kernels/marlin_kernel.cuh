@@ -1286,18 +1286,22 @@ inline bool sm90_ws(int rows) { return rows >= 64; }
 // tiles (128 deep; 16-row chunks run one chunk per launch, m <= 16). A block takes a run of whole tiles, so an SM's
 // work is its blocks times their runs' length: three blocks on 11008 x 4096 give an SM 21 tiles (22 with two) and
 // were 7-9% faster; on equal work they were up to 9% slower (more, shorter runs, so more parts), on one tile more per
-// SM 3-15% slower (perf-log s25). With `four` (the 2:4 kernel at m <= 8, whose 8-row chunks take 3 and 4 blocks) four
-// blocks where they leave each SM no more tiles than the choice above, on runs of at least 4 tiles: 16 warps per SM
-// instead of 8, as the dense mma.sync blocks have there (14336 x 4096 at m = 1-8 -12%, 8192 x 4096 -5%; 4096 x 4096,
-// runs of 2, level back to back and 7% slower alone: perf-log b4).
-inline int sm90_blocks_per_sm(bool ws, int rows, int cols, int sms, int n, int k, bool four = false) {
+// SM 3-15% slower (perf-log s25). With `eight` (the 2:4 kernel at m <= 8, which runs 8 x 128 tiles at three and four
+// blocks: half the A tile's work of 16 rows, but slower than 16 rows at two blocks, perf-log r8) also four blocks,
+// and either count on as many tiles per SM as fewer blocks where their runs are 4 tiles or more: 14336 x 4096 at
+// m = 1-8 -12% and 8192 x 4096 -5% at four, 4096 x 6144 -9% at three; 4096 x 4096, a tie on runs of 2 at four, was
+// level back to back and 7% slower alone (perf-log b4, b5).
+inline int sm90_blocks_per_sm(bool ws, int rows, int cols, int sms, int n, int k, bool eight = false) {
   if (ws) return 1;
   if (rows != 16 || cols != 128) return kMaxBlocksPerSm;
   const int tiles = n / 128 * (k / 128);
   const auto run = [&](int blocks) { return tiles_per_run(tiles, sms * blocks); };
   const auto sm_tiles = [&](int blocks) { return blocks * run(blocks); };
-  const int best = sm_tiles(3) < sm_tiles(kMaxBlocksPerSm) ? 3 : kMaxBlocksPerSm;
-  return four && sm_tiles(4) <= sm_tiles(best) && run(4) >= 4 ? 4 : best;
+  const auto better = [&](int blocks, int than) {
+    return sm_tiles(blocks) < sm_tiles(than) || (eight && sm_tiles(blocks) == sm_tiles(than) && run(blocks) >= 4);
+  };
+  const int best = better(3, kMaxBlocksPerSm) ? 3 : kMaxBlocksPerSm;
+  return eight && better(4, best) ? 4 : best;
 }
 // Blocks per chunk for the wgmma kernels on `rows`-row chunks: every block slot (`blocks_per_sm` per SM), shared by
 // `par` chunks. Chunks of 32 rows and more take at most 8 parts per column strip: a 64-row tile's fp32 partial is

@@ -64,6 +64,7 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (1, 11008, 4096, -1),  # ... 8 x 128 tiles (m <= 8) at three blocks per SM (sm90_blocks_per_sm), per channel
     (16, 11008, 4096, 32),  # ... 16 x 128 tiles at three blocks per SM
     (5, 8192, 4096, 32),  # ... 8 x 128 tiles at four blocks per SM, groups of 32
+    (3, 4096, 6144, 64),  # ... at three blocks per SM on a tie with two
     (12, 1024, 16384, 32),  # 16 x 256 tiles, 256-deep stages: two passes of scale rows
     (8, 1024, 16384, 32),  # 8 x 256 tiles (m <= 8), the same stages
     (9, 2048, 512, -1),  # per-channel scales

@@ -101,12 +101,13 @@ def test_three_blocks_per_sm(m: int, group: int) -> None:
     _check(m, 11008, 4096, group)
 
 
-@pytest.mark.parametrize("k", [8192, 14336])
+@pytest.mark.parametrize("k,n", [(8192, 4096), (14336, 4096), (4096, 6144)], ids=str)
 @pytest.mark.parametrize("group", [-1, 32, 128])
 @pytest.mark.parametrize("m", [1, 5, 8])
-def test_four_blocks_per_sm(m: int, group: int, k: int) -> None:
-    """8 x 128 wgmma.sp tiles at four blocks per SM (k x 4096 on the H200 at m <= 8: sm90_blocks_per_sm)."""
-    _check(m, k, 4096, group)
+def test_more_blocks_per_sm_at_eight_rows(m: int, group: int, k: int, n: int) -> None:
+    """8 x 128 wgmma.sp tiles at four blocks per SM (k x 4096 on the H200) and at three on a tie with two (4096 x
+    6144): sm90_blocks_per_sm at m <= 8."""
+    _check(m, k, n, group)
 
 
 def test_large_m() -> None:
@@ -128,8 +129,8 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
     included, perf-log w10), else 64 x 128 tiles on the one-warpgroup kernel; above m = 64 the warp-specialized
     kernel's 96-row tiles up to m = 96 (perf-log s23) and 128-row ones above, by 256 columns where those fill the GPU
     (perf-log w8), else by 128 (each computing warpgroup on half of the rows, perf-log s12). 16 x 128 tiles run three
-    blocks per SM where that gives each SM fewer tiles than two (perf-log s25), and at m <= 8 four 8 x 128 blocks
-    where that gives it no more, on runs of at least 4 tiles (perf-log b4)."""
+    blocks per SM where that gives each SM fewer tiles than two (perf-log s25); at m <= 8 three or four 8 x 128
+    blocks where that gives it fewer, or as many on runs of at least 4 tiles (perf-log b4, b5)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
     eight, short16, three8, three16, long8, long16, least, most_wide, least64, wide, wide_4096, narrow, odd = (
@@ -154,8 +155,12 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
         _kernels_launched(200, 512),
         _kernels_launched(97, 16384),
     )
-    four8, runs2 = _kernels_launched(1, 4096, k=14336), _kernels_launched(8, 4096, k=4096)  # runs of 7 / of 2 at four
-    assert "Sm90Cfg<128, 8, 4>" in four8 and "Sm90Cfg<128, 16, 2>" in runs2
+    four8, tie3, runs2 = (
+        _kernels_launched(1, 4096, k=14336),  # 28 tiles an SM at two and at four blocks, runs of 7 at four
+        _kernels_launched(8, 6144, k=4096),  # 12 at two, three and four; runs of 4 at three, 3 at four
+        _kernels_launched(8, 4096, k=4096),  # 8 at two and four, runs of 2 at four
+    )
+    assert "Sm90Cfg<128, 8, 4>" in four8 and "Sm90Cfg<128, 8, 3>" in tie3 and "Sm90Cfg<128, 16, 2>" in runs2
     assert "Sm90Cfg<128, 16, 2>" in eight and "gemm24_kernel<" not in eight
     assert "Sm90Cfg<128, 16, 2>" in short16 and "Sm90Cfg<128, 8, 3>" in three8 and "Sm90Cfg<128, 16, 3>" in three16
     assert "Sm90Cfg<256, 8, 2>" in long8 and "Sm90Cfg<256, 16, 2>" in long16
