@@ -1286,11 +1286,11 @@ inline bool sm90_ws(int rows) { return rows >= 64; }
 // tiles (128 deep; 16-row chunks run one chunk per launch, m <= 16). A block takes a run of whole tiles, so an SM's
 // work is its blocks times their runs' length: three blocks on 11008 x 4096 give an SM 21 tiles (22 with two) and
 // were 7-9% faster; on equal work they were up to 9% slower (more, shorter runs, so more parts), on one tile more per
-// SM 3-15% slower (perf-log s25). With `eight` (the 2:4 kernel at m <= 8, which runs 8 x 128 tiles at three and four
-// blocks: half the A tile's work of 16 rows, but slower than 16 rows at two blocks, perf-log r8) also four blocks,
-// and either count on as many tiles per SM as fewer blocks where their runs are 4 tiles or more: 14336 x 4096 at
-// m = 1-8 -12% and 8192 x 4096 -5% at four, 4096 x 6144 -9% at three; 4096 x 4096, a tie on runs of 2 at four, was
-// level back to back and 7% slower alone (perf-log b4, b5).
+// SM 3-15% slower (perf-log s25). With `eight` (the 2:4 kernel at m <= 8, which runs 8-row chunks at three or four
+// blocks: half a 16-row chunk's A work, though at two blocks they were slower than 16 rows, perf-log r8) also four
+// blocks, and either count on as many tiles per SM as fewer blocks where its runs are 4 tiles or more: 14336 x 4096
+// at m = 1-8 -12% and 8192 x 4096 -5% at four, 4096 x 6144 -9% at three; 4096 x 4096, a tie on runs of 2 at four,
+// was level back to back and 7% slower alone (perf-log b4, b5).
 inline int sm90_blocks_per_sm(bool ws, int rows, int cols, int sms, int n, int k, bool eight = false) {
   if (ws) return 1;
   if (rows != 16 || cols != 128) return kMaxBlocksPerSm;
