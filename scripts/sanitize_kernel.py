@@ -56,6 +56,7 @@ CASES = [  # m, k, n, group, act_order
     (300, 1024, 256, 128, False),  # two 256-row chunks, strips in parts
     (256, 1024, 12288, -1, False),  # 256 x 128 tiles on runs long enough to add their parts in the kernel
     (300, 1024, 12288, 32, False),  # ... in two 256-row chunks
+    (100, 14336, 4096, 32, False),  # 128 x 256 tiles on n = 4096 (12+ tiles an SM: sm90_cols128), 8-9 parts a strip
 ]
 CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and the split-k fixup
     (1, 1024, 256, 128),
@@ -81,6 +82,7 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (256, 1024, 8192, -1),  # two 128-row chunks, per-channel scales, strips in parts
     (128, 4096, 22016, 128),  # 128 x 256 tiles whose blocks add their strips' parts, C through shared memory
     (200, 4096, 4096, 32),  # ... 128 x 128 tiles, two chunks side by side (the second 72 rows)
+    (200, 11008, 4096, -1),  # ... 128 x 256 ones there (12+ tiles an SM: sm90_cols128), 8-9 parts a strip
     (80, 1024, 384, -1),  # 96 x 128 tiles (a row block of 48 per warpgroup, the second one half empty), per channel
     (96, 4096, 22016, 32),  # 96 x 256 tiles whose blocks add their strips' parts
 ]

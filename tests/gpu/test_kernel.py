@@ -102,6 +102,13 @@ def test_three_blocks_per_sm(m: int, group: int, act_order: bool) -> None:
     _check(m, 11008, 4096, group, act_order=act_order, seed=m + group)
 
 
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("group", [-1, 32, 128])
+def test_long_narrow_layers_take_256_columns(group: int, act_order: bool) -> None:
+    """128 x 256 tiles on 14336 x 4096 at m = 128 (16 strips of 112 tiles, 8 to 9 parts each: sm90_cols128)."""
+    _check(128, 14336, 4096, group, act_order=act_order, seed=group)
+
+
 @pytest.mark.parametrize("group", [-1, 32, 128])
 @pytest.mark.parametrize("m", [1, 12, 33, 256])
 def test_act_order(m: int, group: int) -> None:
@@ -230,9 +237,10 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
     kernel's 8-row chunks): 16-row chunks up to m = 16 (not with groups below 128: the mma.sync kernel; perf-log o1),
     32-row chunks up to m = 32 (groups below 128: 64-row chunks; o7), then the warp-specialized kernel's 64-row
     chunks up to m = 64 (w10) and 128-row chunks up to m = 128, each by 256 columns where 256-column strips fill most
-    of the GPU's block slots (two per SM; one per SM for the 64-row chunks, so n = 4096 takes 256 columns there) and
-    by 128 where not (n % 128 == 0), 256 x 128 tiles above m = 128 (perf-log w8). 16 x 128 tiles run three blocks per
-    SM where that gives each SM fewer tiles than two (perf-log s25)."""
+    of the GPU's block slots (two per SM; one per SM for the 64-row chunks, so n = 4096 takes 256 columns there; the
+    128-row chunks also where each SM gets at least 12 such tiles, c256) and by 128 where not (n % 128 == 0), 256 x
+    128 tiles above m = 128 (perf-log w8). 16 x 128 tiles run three blocks per SM where that gives each SM fewer tiles
+    than two (perf-log s25)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs compute capability 9.0")
     eight, nine, nine_long, sixteen_wide, sixteen_odd, sixteen_g32, sixteen_g64 = (
@@ -277,6 +285,10 @@ def test_hopper_runs_the_wgmma_kernel() -> None:
     assert "Sm90WsCfg<96, 128>" in short and "Sm90WsCfg<96, 256>" in short_wide  # 65-96 rows (perf-log w12)
     assert "Sm90WsCfg<128, 128>" in tall and "Sm90WsCfg<128, 128>" in tall_narrow
     assert "Sm90WsCfg<128, 256>" in tall_wide and "Sm90WsCfg<256, 128>" in taller
+    # 128-row chunks by 256 columns also where each SM gets at least 12 such tiles (perf-log c256): 16 strips x 112
+    # tiles of 14336 x 4096 (13.6 an SM), not 11008 x 4096's 86 (10.4)
+    assert "Sm90WsCfg<128, 256>" in _kernels_launched(128, 14336, 4096)
+    assert "Sm90WsCfg<128, 128>" in _kernels_launched(128, 11008, 4096)
     assert "gemm_kernel<" in too_narrow and "gemm_sm90" not in too_narrow  # n not a multiple of 128
 
 

@@ -110,6 +110,14 @@ def test_more_blocks_per_sm_at_eight_rows(m: int, group: int, k: int, n: int) ->
     _check(m, k, n, group)
 
 
+@pytest.mark.parametrize("group", [-1, 32, 128])
+@pytest.mark.parametrize("m,k", [(128, 14336), (200, 11008)], ids=str)
+def test_long_narrow_layers_take_256_columns(m: int, k: int, group: int) -> None:
+    """128 x 256 tiles on n = 4096 where the launch gives each SM at least 12 of them (sm90_cols128 on the H200):
+    16 strips of 112 or 2 x 86 tiles, split in 8 to 9 parts each."""
+    _check(m, k, 4096, group)
+
+
 def test_large_m() -> None:
     """m past one launch's 16 chunks, with a ragged last chunk."""
     _check(16 * 32 * 2 + 13, 1024, 512, 128)
@@ -128,7 +136,8 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
     m = 64, by 256 columns on the warp-specialized kernel where those fill most of its one slot per SM (n = 4096
     included, perf-log w10), else 64 x 128 tiles on the one-warpgroup kernel; above m = 64 the warp-specialized
     kernel's 96-row tiles up to m = 96 (perf-log s23) and 128-row ones above, by 256 columns where those fill the GPU
-    (perf-log w8), else by 128 (each computing warpgroup on half of the rows, perf-log s12). 16 x 128 tiles run three
+    (perf-log w8) or give each SM at least 12 of them (perf-log c256), else by 128 (each computing warpgroup on half
+    of the rows, perf-log s12). 16 x 128 tiles run three
     blocks per SM where that gives each SM fewer tiles than two (perf-log s25); at m <= 8 three or four 8 x 128
     blocks where that gives it fewer, or as many on runs of at least 4 tiles (perf-log b4, b5)."""
     if torch.cuda.get_device_capability() != (9, 0):
@@ -170,6 +179,13 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
     assert "Sm90Cfg<128, 64, 2>" in narrow and "Sm90Cfg<128, 64, 2>" in odd
     assert "Sm90WsCfg<128, 96>" in least96 and "Sm90WsCfg<256, 96>" in most96_wide
     assert "Sm90WsCfg<128, 128>" in least128 and "Sm90WsCfg<128, 128>" in tall and "Sm90WsCfg<256, 128>" in tall_wide
+    long128, long256, short128 = (
+        _kernels_launched(128, 4096, k=14336),  # 16 strips x 112 tiles at 256 columns: 13.6 an SM
+        _kernels_launched(256, 4096, k=11008),  # two chunks x 16 strips x 86 tiles: 20.8 an SM
+        _kernels_launched(128, 4096, k=11008),  # 10.4 an SM: 128 columns (perf-log c256)
+    )
+    assert "Sm90WsCfg<256, 128>" in long128 and "Sm90WsCfg<256, 128>" in long256
+    assert "Sm90WsCfg<128, 128>" in short128
 
 
 @pytest.mark.parametrize(
