@@ -1251,9 +1251,10 @@ struct Sm90WsCfg : WsBlock {
 // Chunks of 16 to 128 rows take 256 columns, or 128 where 256-column strips in at most 8 parts each would leave
 // more than a quarter of the device's `slots` (two per SM) empty (7B layers with n = 4096 fill half of them; the
 // 128-row chunks also take 256 where their runs are long, sm90_cols128); the 64-row chunks count one slot per SM,
-// their warp-specialized block's (n = 4096 takes 256 columns: perf-log w10), and take 512 columns where the runs are at least 48 tiles long (64 deep): fewer instructions and A-tile copies per
-// weight, against a larger part to save or add at a strip's end (w11: runs of 54 and 109 tiles -9% / -13%, of 27-33
-// +4%, of 12-21 +15-20%). cols = 0: no wgmma tile fits.
+// their warp-specialized block's (n = 4096 takes 256 columns: perf-log w10), and take 512 columns where the runs are
+// at least 48 tiles long (64 deep): fewer instructions and A-tile copies per weight, against a larger part to save or
+// add at a strip's end (w11: runs of 54 and 109 tiles -9% / -13%, of 27-33 +4%, of 12-21 +15-20%). cols = 0: no
+// wgmma tile fits.
 struct Sm90Tile {
   int rows, cols;
 };
@@ -1264,9 +1265,9 @@ inline int sm90_cols64(int n, int slots) {
 }
 // The 128-row chunks' width (one warp-specialized block per SM, dense and 2:4), m rows: also 256 columns where the
 // launch's chunks give each SM at least 12 tiles of 256 x 128 deep: half the A tile's copies per weight (and, on the
-// 2:4 kernel, half the dequantization) against more parts per strip. 14336 x 4096 at m = 128 -12% / -8% (dense /
-// 2:4), 2:4 at m = 256 -17%, 11008 x 4096 at m = 256 (21 tiles an SM) -6%; 11008 x 4096 at m = 128 (10) +5% and
-// 4096 x 4096 (4 and 8) +6-19% on 256 columns (perf-log c256).
+// 2:4 kernel, half the dequantization) against more parts per strip. 14336 x 4096 at m = 128 -15% / -5% (dense /
+// 2:4), 2:4 at m = 200 / 256 -17% / -16%, 11008 x 4096 there (21 tiles an SM) -24% / -3%; 11008 x 4096 at m = 128
+// (10) +5% and 4096 x 4096 (4 and 8) +6-19% on 256 columns (perf-log c256).
 inline int sm90_cols128(int m, int n, int k, int sms) {
   const int chunks = (m + 127) / 128 < 16 ? (m + 127) / 128 : 16;  // run_chunk_groups' launch holds up to 16
   if (n % 256 == 0 && int64_t{chunks} * (n / 256) * (k / 128) >= 12 * sms) return 256;

@@ -137,9 +137,9 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
     included, perf-log w10), else 64 x 128 tiles on the one-warpgroup kernel; above m = 64 the warp-specialized
     kernel's 96-row tiles up to m = 96 (perf-log s23) and 128-row ones above, by 256 columns where those fill the GPU
     (perf-log w8) or give each SM at least 12 of them (perf-log c256), else by 128 (each computing warpgroup on half
-    of the rows, perf-log s12). 16 x 128 tiles run three
-    blocks per SM where that gives each SM fewer tiles than two (perf-log s25); at m <= 8 three or four 8 x 128
-    blocks where that gives it fewer, or as many on runs of at least 4 tiles (perf-log b4, b5)."""
+    of the rows, perf-log s12). 16 x 128 tiles run three blocks per SM where that gives each SM fewer tiles than two
+    (perf-log s25); at m <= 8 three or four 8 x 128 blocks where that gives it fewer, or as many on runs of at least
+    4 tiles (perf-log b4, b5)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
     eight, short16, three8, three16, long8, long16, least, most_wide, least64, wide, wide_4096, narrow, odd = (
