@@ -101,17 +101,17 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
 
   Params p;
   p.meta = static_cast<const int4*>(g.meta);
-  // On an sm_90a build and a Hopper GPU the wgmma.sp kernel, by 256 columns or, on layers too narrow for those to
-  // fill the GPU, 128 (the dense kernel's rules, sm90_cols64 and for 128 rows sm90_cols128): 16-row chunks with
-  // 128-deep stages for m <= 16 (faster than the mma.sp kernel's on every layer measured at m = 9-16: s10; at m = 1-8
-  // 7B -5%, 70B level: s24), 8-row ones for m <= 8 on 256-column tiles and on 128-column ones at three or four
-  // blocks per SM (half the A tile's copies and operand reads: 7B / 70B m = 1 -4% / -2%; 128-column tiles at two blocks per SM lost up to 14%:
-  // perf-log r8; three or four by sm90_blocks_per_sm: s25, b4, b5),
-  // 32-row ones for m = 17-32 (half the 64-row chunks' tensor work: 7B / 70B -29%, perf-log o7), 64-row ones for
-  // m = 33-64, 96-row ones for m = 65-96 (a quarter less tensor and A-tile work than 128 rows, as the dense kernel's:
-  // perf-log s23) and 128-row ones above. From 96 rows, and 64 rows by 256 columns, the warp-specialized kernel runs
-  // them, one block per SM (ws_tile; perf-log w8, s12, w10; the 64-row chunks' width counts those slots, so n = 4096
-  // takes 256 columns there); narrower 64-row chunks on the one-warpgroup kernel, two blocks per SM.
+  // On an sm_90a build and a Hopper GPU the wgmma.sp kernel, by 256 columns or, on layers too narrow for those to fill
+  // the GPU, 128 (the dense kernel's rules, sm90_cols64 and for 128 rows sm90_cols128): 16-row chunks with 128-deep
+  // stages for m <= 16 (faster than the mma.sp kernel's on every layer measured at m = 9-16: s10; at m = 1-8 7B -5%,
+  // 70B level: s24), 8-row ones for m <= 8 on 256-column tiles and on 128-column ones at three or four blocks per SM
+  // (half the A tile's copies and operand reads: 7B / 70B m = 1 -4% / -2%; 128-column tiles at two blocks per SM lost
+  // up to 14%: perf-log r8; three or four by sm90_blocks_per_sm: s25, b4, b5), 32-row ones for m = 17-32 (half the
+  // 64-row chunks' tensor work: 7B / 70B -29%, perf-log o7), 64-row ones for m = 33-64, 96-row ones for m = 65-96 (a
+  // quarter less tensor and A-tile work than 128 rows, as the dense kernel's: perf-log s23) and 128-row ones above.
+  // From 96 rows, and 64 rows by 256 columns, the warp-specialized kernel runs them, one block per SM (ws_tile;
+  // perf-log w8, s12, w10; the 64-row chunks' width counts those slots, so n = 4096 takes 256 columns there); narrower
+  // 64-row chunks on the one-warpgroup kernel, two blocks per SM.
   int rows = g.m > 96 ? 128 : g.m > 64 ? 96 : g.m > 32 ? 64 : g.m > 16 ? 32 : 16;
   const int cols = rows == 128 ? detail::sm90_cols128(g.m, g.n, g.k, g.sms)
                                 : detail::sm90_cols64(g.n, rows == 64 ? g.sms : g.sms * kMaxBlocksPerSm);
