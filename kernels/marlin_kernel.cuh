@@ -1075,8 +1075,11 @@ cudaError_t check_args(const Args& g, int n_multiple, int unit, int* lg_group) {
   return *lg_group < 0 ? cudaErrorInvalidValue : cudaSuccess;
 }
 
-// The host loop all products share. m is cut into chunks of `rows` rows, and up to 16 chunks run side by side in one
-// launch, each with its own share of the SMs (at most 16 keeps every chunk group at 8 or more blocks on the H200).
+// How many chunks of m one launch runs side by side, each with its own share of the SMs: at most 16 keeps every
+// chunk group at 8 or more blocks on the H200.
+inline int max_chunks_per_launch(int sms) { return sms >= 16 ? 16 : sms; }
+
+// The host loop all products share. m is cut into chunks of `rows` rows, up to max_chunks_per_launch a launch.
 // Fills p's operand fields from g (the caller sets any others) and p.a, p.c, p.m per launch; launch(par) starts one
 // group of par chunks.
 template <class P, class Args, class Launch>
@@ -1089,7 +1092,7 @@ cudaError_t run_chunk_groups(P& p, const Args& g, const void* a, int lg_group, i
   p.k = g.k;
   p.lg_group = lg_group;
   const int chunks = (g.m + rows - 1) / rows;
-  const int max_par = g.sms >= 16 ? 16 : g.sms;
+  const int max_par = max_chunks_per_launch(g.sms);
   for (int c0 = 0; c0 < chunks; c0 += max_par) {
     const int par = chunks - c0 < max_par ? chunks - c0 : max_par;
     const int64_t row0 = static_cast<int64_t>(c0) * rows;
@@ -1269,7 +1272,8 @@ inline int sm90_cols64(int n, int slots) {
 // 2:4), 2:4 at m = 200 / 256 -17% / -16%, 11008 x 4096 there (21 tiles an SM) -24% / -3%; 11008 x 4096 at m = 128
 // (10) +5% and 4096 x 4096 (4 and 8) +6-19% on 256 columns (perf-log c256).
 inline int sm90_cols128(int m, int n, int k, int sms) {
-  const int chunks = (m + 127) / 128 < 16 ? (m + 127) / 128 : 16;  // run_chunk_groups' launch holds up to 16
+  const int per_launch = max_chunks_per_launch(sms);
+  const int chunks = (m + 127) / 128 < per_launch ? (m + 127) / 128 : per_launch;
   if (n % 256 == 0 && int64_t{chunks} * (n / 256) * (k / 128) >= 12 * sms) return 256;
   return sm90_cols64(n, sms * kMaxBlocksPerSm);
 }
