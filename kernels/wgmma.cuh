@@ -415,29 +415,27 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
   const int rb = RB > 1 ? warp_uniform(tid / TP) : 0, t = RB > 1 ? tid % TP : tid;
   __half* const c_g = reinterpret_cast<__half*>(p.c) + (static_cast<int64_t>(run.chunk) * C::R + rb * N) * p.n;
   float* part = segment_part(p, run, C::R * C::W, col, seg_begin, seg_end);
-  auto at = [&](int j, int v) { return (j * C::R / 8 + rb * N / 8 + v) * TP + t; };  // float4 of a part
+  auto at = [&](int j, int v) { return (j * C::R / 8 + rb * N / 8 + v) * TP + t; };  // quad of a part
   const int wg = tid / 128, first_block = run.chunk * p.blocks_per_chunk, strip_begin = col * run.k_tiles;
-  constexpr int kBatch = C::ACC % 16 == 0 ? 4 : 2;  // float4 of a part loaded before they are added
+  constexpr int kBatch = C::ACC % 16 == 0 ? 4 : 2;  // quads of a part loaded before they are added
   static_assert(!OWN || C::ACC % (4 * kBatch) == 0, "parts are added in whole batches");
+  static_assert(!OWN || kHalfParts<C>, "the blocks that add their own parts read fp16 ones");
   const bool own = OWN && part != nullptr && p.flags != nullptr;
   if (own && seg_begin == strip_begin) {
     const int bid_hi = (strip_begin + run.k_tiles - 1) / run.iters;
     await_parts(p.flags + kFlagsPerBlock * (first_block + run.bid) + wg, bid_hi - run.bid, tid);
     for (int b = run.bid + 1; b <= bid_hi; ++b) {
-      const float4* src = reinterpret_cast<const float4*>(
+      const uint2* src = reinterpret_cast<const uint2*>(
           part_slot(p.partials, C::R * C::W, first_block, run.iters, strip_begin, b));
 #pragma unroll
       for (int j = 0; j < J; ++j)
 #pragma unroll
         for (int v0 = 0; v0 < C::ACC / 4; v0 += kBatch) {
-          float4 x[kBatch];
+          uint2 x[kBatch];
 #pragma unroll
           for (int v = 0; v < kBatch; ++v) x[v] = __ldcg(src + at(j, v0 + v));
 #pragma unroll
-          for (int v = 0; v < kBatch; ++v) {
-            float* a = &acc[j][4 * (v0 + v)];
-            a[0] += x[v].x, a[1] += x[v].y, a[2] += x[v].z, a[3] += x[v].w;
-          }
+          for (int v = 0; v < kBatch; ++v) add_quad(&acc[j][4 * (v0 + v)], x[v]);
         }
     }
     part = nullptr;
@@ -454,8 +452,7 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
       store_registers<Cols, N>(c_g + x0, p.n, run.m_rows - rb * N, acc, scale_of);
     }
   } else {
-    float4* dst = reinterpret_cast<float4*>(part);
-    // float4 v of a tile holds rows row0 + 8v and row0 + 8v + 1; those past m are not saved (the sums of the block
+    // quad v of a tile holds rows row0 + 8v and row0 + 8v + 1; those past m are not saved (the sums of the block
     // adding a strip's parts itself take whatever the slot holds there, and never store those rows)
     const int row0 = rb * N + 2 * (t % 4);
 #pragma unroll
@@ -463,7 +460,12 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
 #pragma unroll
       for (int v = 0; v < C::ACC / 4; ++v) {
         if (row0 + 8 * v >= run.m_rows) continue;
-        dst[at(j, v)] = make_float4(acc[j][4 * v], acc[j][4 * v + 1], acc[j][4 * v + 2], acc[j][4 * v + 3]);
+        const float* a = &acc[j][4 * v];
+        if constexpr (kHalfParts<C>) {
+          reinterpret_cast<uint2*>(part)[at(j, v)] = half4(a[0], a[1], a[2], a[3]);
+        } else {
+          reinterpret_cast<float4*>(part)[at(j, v)] = make_float4(a[0], a[1], a[2], a[3]);
+        }
       }
     if (own) count_part(p.flags + kFlagsPerBlock * (first_block + strip_begin / run.iters) + wg, tid);
   }
@@ -580,20 +582,21 @@ __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, 
 
 #endif
 
-// How the wgmma kernels save a part (wgmma_finish): in register order, float4 band (of the tile's R / 8) of wgmma
-// tile j of thread t of a row block at (j * R / 8 + band) * TP + t, TP = THREADS / RB threads per row block. For
-// add_parts_kernel (8-row bands: float4 `band` of each tile) thread t = j * TP + t' takes tile j of those threads'
-// t': element e is row 2 (t' % 4) + e % 2 of the band, column of(j, e / 2) from the thread's first (Cols, the
-// kernel's column map). T: wgmma tiles per thread. Bands of more than 256 such threads of 8- and 16-row tiles may be
-// split over SPLIT = MAX_SPLIT blocks (launch_gemm), block h taking threads t' in [h TP / SPLIT, (h + 1) TP / SPLIT)
-// of every tile: whole warps, whose columns (both column maps go warp by warp) are the strip's h-th W / SPLIT. On the
-// 2:4 32 x 256 tiles the split was slower (+1-4% a layer at M = 32, perf-log pk1), so taller tiles keep whole bands.
+// How the wgmma kernels save a part (wgmma_finish): in register order, quad (4 floats; 4 halves where HALF, kHalfParts)
+// band (of the tile's R / 8) of wgmma tile j of thread t of a row block at (j * R / 8 + band) * TP + t, TP = THREADS /
+// RB threads per row block. For add_parts_kernel (8-row bands: quad `band` of each tile) thread t = j * TP + t' takes
+// tile j of those threads' t': element e is row 2 (t' % 4) + e % 2 of the band, column of(j, e / 2) from the thread's
+// first (Cols, the kernel's column map). T: wgmma tiles per thread. Bands of more than 256 such threads of 8- and
+// 16-row tiles may be split over SPLIT = MAX_SPLIT blocks (launch_gemm), block h taking threads t' in [h TP / SPLIT, (h
+// + 1) TP / SPLIT) of every tile: whole warps, whose columns (both column maps go warp by warp) are the strip's h-th W
+// / SPLIT. On the 2:4 32 x 256 tiles the split was slower (+1-4% a layer at M = 32, perf-log pk1), so taller tiles keep
+// whole bands.
 template <class C, class Cols, int T>
 struct RegisterParts {
   static constexpr int TP = C::THREADS / (C::R / (2 * C::ACC));
   static constexpr int MAX_SPLIT = C::R <= 16 && TP * T > 256 ? TP * T / 256 : 1;
   static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = TP * T;
-  static constexpr bool STAGED = true;
+  static constexpr bool STAGED = true, HALF = kHalfParts<C>;
   static_assert(TP % (32 * MAX_SPLIT) == 0, "whole warps per block");
   static __device__ __forceinline__ int thread(int s, int h, int split) {
     return s / (TP / split) * TP + h * (TP / split) + s % (TP / split);

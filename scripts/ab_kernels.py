@@ -1,7 +1,7 @@
 """A/B of kernel variants in one process on the GPU: the current kernels against copies of `kernels/` with changes.
 
 python3 scripts/ab_kernels.py DIR [DIR ...] [--m 9,16] [--sets 7b,70b] [--shapes 5120x13824,...] [--kind dense|24|both]
-    [--alone]
+    [--group 128] [--alone]
 
 Each DIR holds a full copy of the kernel sources (`kernels/*.cu *.cuh *.h bindings.cpp`) with the change under test.
 Its sources are copied into the build cache with the op namespace renamed (marlin_cli -> marlin_cli_<DIR name>), all
@@ -95,6 +95,7 @@ def main() -> None:
     parser.add_argument("--sets", default="7b,70b")
     parser.add_argument("--shapes", default="", help="more layers as KxN,KxN (an extra set 'more')")
     parser.add_argument("--kind", choices=("dense", "24", "both"), default="both")
+    parser.add_argument("--group", type=int, default=128, help="rows per scale group; -1: per channel")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--reps", type=int, default=15, help="graph replays per measurement")
     parser.add_argument(
@@ -119,10 +120,11 @@ def main() -> None:
     times: dict[tuple, list[float]] = {}
     for set_name, shapes in sets.items():
         for k, n in shapes:
+            group = k if args.group == -1 else args.group
             # rotated copies: dense (codes, scales), 2:4 (kept codes, metadata, scales)
             weights = {
-                "dense": dense_copies(k, n) if "dense" in kinds else [],
-                "24": sparse24_copies(k, n) if "24" in kinds else [],
+                "dense": dense_copies(k, n, group=group) if "dense" in kinds else [],
+                "24": sparse24_copies(k, n, group=group) if "24" in kinds else [],
             }
             for m in ms:
                 a = torch.randn(m, k, device="cuda").half()

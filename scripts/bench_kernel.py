@@ -113,27 +113,30 @@ def n_copies(bytes_per_copy: int) -> int:
     return max(2, -(-ROTATE_BYTES // bytes_per_copy))
 
 
-def dense_copies(k: int, n: int, device: str = "cuda") -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Rotated copies of a random k x n Marlin weight: (packed codes, fp16 group scales)."""
-    copies = n_copies(k * n // 2 + (k // GROUP) * n * 2)
+def dense_copies(k: int, n: int, device: str = "cuda", group: int = GROUP) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Rotated copies of a random k x n Marlin weight: (packed codes, fp16 scales of groups of `group` rows; k: per
+    channel)."""
+    copies = n_copies(k * n // 2 + (k // group) * n * 2)
     return [
         (
             torch.randint(-(2**31), 2**31 - 1, (k // 16, 2 * n), device=device, dtype=torch.int64).int(),
-            ((torch.rand(k // GROUP, n, device=device) + 0.5) / 64).half(),
+            ((torch.rand(k // group, n, device=device) + 0.5) / 64).half(),
         )
         for _ in range(copies)
     ]
 
 
-def sparse24_copies(k: int, n: int, device: str = "cuda") -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Rotated copies of a random k x n 2:4 weight: (kept codes (K/32, 2N) int32, metadata (K/32, 2N) int16, scales);
-    the metadata's values do not change the work."""
-    copies = n_copies(k * n * 3 // 8 + (k // GROUP) * n * 2)
+def sparse24_copies(
+    k: int, n: int, device: str = "cuda", group: int = GROUP
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Rotated copies of a random k x n 2:4 weight: (kept codes (K/32, 2N) int32, metadata (K/32, 2N) int16, scales
+    as in dense_copies); the metadata's values do not change the work."""
+    copies = n_copies(k * n * 3 // 8 + (k // group) * n * 2)
     return [
         (
             torch.randint(-(2**31), 2**31 - 1, (k // 32, 2 * n), device=device, dtype=torch.int64).int(),
             torch.full((k // 32, 2 * n), 0x4444, dtype=torch.int16, device=device),
-            ((torch.rand(k // GROUP, n, device=device) + 0.5) / 64).half(),
+            ((torch.rand(k // group, n, device=device) + 0.5) / 64).half(),
         )
         for _ in range(copies)
     ]

@@ -1,12 +1,13 @@
 """The CUDA kernel against the float32 reference on the H200.
 
 Tolerance: mean|C - C_ref| / mean|C_ref| <= 2e-3. The kernel rounds each dequantized, scaled weight to fp16
-(relative error <= 2^-11), accumulates fp16 products in fp32 in its own order, and rounds C to fp16 (<= 2^-11);
-independent rounding errors average to a few 1e-4 of the output's magnitude, so 2e-3 leaves room while a wrong
-tile, scale or row shows up as an error of order 1. Chunks of 8 rows (m <= 8), and on the H200 those of 16 and 32
-rows (m = 9-32, groups of 128 or per channel), instead sum the products of still-offset weights (1024 + q, 64 + q)
-in fp32 over 16-128 k and subtract the offsets' product there, which costs ~10 of fp32's 24 bits (relative ~1e-4 at
-worst), and scale the fp32 sums; test_offset_cancellation is the hard case for that.
+(relative error <= 2^-11), accumulates fp16 products in fp32 in its own order (a column strip split over the
+warp-specialized kernels' blocks: each part rounded to fp16 once, <= 2^-11 of the part, then added in fp32), and
+rounds C to fp16 (<= 2^-11); independent rounding errors average to a few 1e-4 of the output's magnitude, so 2e-3
+leaves room while a wrong tile, scale or row shows up as an error of order 1. Chunks of 8 rows (m <= 8), and on the
+H200 those of 16 and 32 rows (m = 9-32, groups of 128 or per channel), instead sum the products of still-offset
+weights (1024 + q, 64 + q) in fp32 over 16-128 k and subtract the offsets' product there, which costs ~10 of fp32's
+24 bits (relative ~1e-4 at worst), and scale the fp32 sums; test_offset_cancellation is the hard case for that.
 """
 
 from __future__ import annotations

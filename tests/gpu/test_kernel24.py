@@ -1,9 +1,10 @@
 """The 2:4 CUDA kernel against the float32 reference of the dequantized 2:4 weights on the H200.
 
 Tolerance: mean|C - C_ref| / mean|C_ref| <= 2e-3, as for the dense kernel and for the same reasons: the kernel
-rounds each dequantized, scaled weight to fp16 (relative error <= 2^-11), accumulates in fp32 in its own order and
-rounds C to fp16 (<= 2^-11); independent rounding errors average to a few 1e-4 of the output's magnitude, while a
-wrong tile, metadata word, scale or row shows up as an error of order 1.
+rounds each dequantized, scaled weight to fp16 (relative error <= 2^-11), accumulates in fp32 in its own order (the
+warp-specialized kernels' split strips: each part rounded to fp16 once before it is added) and rounds C to fp16 (<=
+2^-11); independent rounding errors average to a few 1e-4 of the output's magnitude, while a wrong tile, metadata
+word, scale or row shows up as an error of order 1.
 """
 
 from __future__ import annotations
