@@ -473,8 +473,11 @@ struct StageLoader {
 // Writing one column strip's result (the 2:4 kernel uses it too)
 // ---------------------------------------------------------------------------------------------------------------
 
-// A part's quad of four values added to v in fp32: fp32, or fp16 (4 halves, 8 bytes) half by half: through __half2
-// conversions ptxas spilled up to 592 bytes in the dense warp-specialized kernels with per-channel scales (h16).
+// A quad of four values of a part: fp32, or fp16 (4 halves, 8 bytes) where HALF (kHalfParts).
+template <bool HALF>
+using PartQuad = std::conditional_t<HALF, uint2, float4>;
+// A quad added to v in fp32; fp16 ones half by half: through __half2 conversions ptxas spilled up to 592 bytes in the
+// dense warp-specialized kernels with per-channel scales (perf-log h16).
 __device__ __forceinline__ void add_quad(float* v, float4 x) { v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w; }
 __device__ __forceinline__ void add_quad(float* v, uint2 x) {
   v[0] += __half2float(__ushort_as_half(static_cast<unsigned short>(x.x)));
@@ -482,10 +485,15 @@ __device__ __forceinline__ void add_quad(float* v, uint2 x) {
   v[2] += __half2float(__ushort_as_half(static_cast<unsigned short>(x.y)));
   v[3] += __half2float(__ushort_as_half(static_cast<unsigned short>(x.y >> 16)));
 }
-// Four fp32 values as an fp16 part saves them.
-__device__ __forceinline__ uint2 half4(float a, float b, float c, float d) {
-  const __half2 lo = __floats2half2_rn(a, b), hi = __floats2half2_rn(c, d);
-  return make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+// Four fp32 values as a part of quads Q saves them.
+template <class Q>
+__device__ __forceinline__ Q make_quad(float a, float b, float c, float d) {
+  if constexpr (std::is_same_v<Q, float4>) {
+    return make_float4(a, b, c, d);
+  } else {
+    const __half2 lo = __floats2half2_rn(a, b), hi = __floats2half2_rn(c, d);
+    return make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+  }
 }
 
 // The end of a run inside one column strip for a tile met in shared memory (both mma.sync kernels): each of its
@@ -639,7 +647,8 @@ __device__ __forceinline__ int4 scaled_row8(const float (&v)[8], const void* s, 
 template <class C, bool PERMUTED>
 struct RowParts {
   static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = 2 * W, MAX_SPLIT = 1;
-  static constexpr bool STAGED = false, HALF = false;
+  static constexpr bool STAGED = false;
+  using Quad = PartQuad<false>;
   static __device__ __forceinline__ int thread(int s, int, int) { return s; }
   static __device__ __forceinline__ int64_t at(int band, int t) { return band * 2 * W + t; }
   static __device__ __forceinline__ int row(int t, int) { return t / (W / 4); }
@@ -652,15 +661,14 @@ struct RowParts {
 // count added the parts alone, after a fence and an atomic (perf-log a1, q1). Block (chunk, col, band) takes rows 8
 // band .. 8 band + 7 of strip col, in SPLIT blocks (1 or L::MAX_SPLIT) of W / SPLIT columns each. L, the parts' layout
 // (RowParts, RegisterParts): L::THREADS threads a band; thread s of the block for columns [h W / SPLIT, (h + 1) W /
-// SPLIT) is the band's thread t = L::thread(s, h, SPLIT), which adds quad L::at(band, t) of each part (4 floats, or 4
-// halves where L::HALF) in block order (so results do not depend on timing); its four sums are element (L::row(t, e),
-// L::col(t, e)) of the band, scaled per channel by the scale at L::scale(column). Where a thread's four are not
-// consecutive columns of a row (L::STAGED), they meet as fp16 in shared memory and go to C in 16-byte row chunks.
-// Threads whose values are all in rows past m load nothing. Where the GEMM's grid took every block slot
-// (p.early_dependents), the next kernel may start as soon as this one's blocks all run: its blocks take the SMs the
-// GEMM leaves and read their first weights while the parts are added (its own wait covers this kernel, which waits for
-// the GEMM). Beside a smaller grid they would start on the free slots at once, as pipeline() says, so there the next
-// kernel starts once the GEMM is done (perf-log pd1).
+// SPLIT) is the band's thread t = L::thread(s, h, SPLIT), which adds quad L::at(band, t) of each part (L::Quad) in
+// block order (so results do not depend on timing); its four sums are element (L::row(t, e), L::col(t, e)) of the band,
+// scaled per channel by the scale at L::scale(column). Where a thread's four are not consecutive columns of a row
+// (L::STAGED), they meet as fp16 in shared memory and go to C in 16-byte row chunks. Threads whose values are all in
+// rows past m load nothing. Where the GEMM's grid took every block slot (p.early_dependents), the next kernel may start
+// as soon as this one's blocks all run: its blocks take the SMs the GEMM leaves and read their first weights while the
+// parts are added (its own wait covers this kernel, which waits for the GEMM). Beside a smaller grid they would start
+// on the free slots at once, as pipeline() says, so there the next kernel starts once the GEMM is done (perf-log pd1).
 template <class L, bool GROUPED, int SPLIT>
 __global__ void __launch_bounds__(L::THREADS / SPLIT) add_parts_kernel(const Params p) {
   if (p.early_dependents) allow_dependents();
@@ -687,7 +695,7 @@ __global__ void __launch_bounds__(L::THREADS / SPLIT) add_parts_kernel(const Par
   float v[4] = {0.f, 0.f, 0.f, 0.f};
   constexpr int kInFlight = 8;
   for (int b0 = bid_lo; mine && b0 <= bid_hi; b0 += kInFlight) {
-    using Quad = std::conditional_t<L::HALF, uint2, float4>;
+    using Quad = typename L::Quad;
     Quad x[kInFlight];
 #pragma unroll
     for (int q = 0; q < kInFlight; ++q) {

@@ -417,21 +417,21 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
   float* part = segment_part(p, run, C::R * C::W, col, seg_begin, seg_end);
   auto at = [&](int j, int v) { return (j * C::R / 8 + rb * N / 8 + v) * TP + t; };  // quad of a part
   const int wg = tid / 128, first_block = run.chunk * p.blocks_per_chunk, strip_begin = col * run.k_tiles;
+  using Quad = PartQuad<kHalfParts<C>>;
   constexpr int kBatch = C::ACC % 16 == 0 ? 4 : 2;  // quads of a part loaded before they are added
   static_assert(!OWN || C::ACC % (4 * kBatch) == 0, "parts are added in whole batches");
-  static_assert(!OWN || kHalfParts<C>, "the blocks that add their own parts read fp16 ones");
   const bool own = OWN && part != nullptr && p.flags != nullptr;
   if (own && seg_begin == strip_begin) {
     const int bid_hi = (strip_begin + run.k_tiles - 1) / run.iters;
     await_parts(p.flags + kFlagsPerBlock * (first_block + run.bid) + wg, bid_hi - run.bid, tid);
     for (int b = run.bid + 1; b <= bid_hi; ++b) {
-      const uint2* src = reinterpret_cast<const uint2*>(
+      const Quad* src = reinterpret_cast<const Quad*>(
           part_slot(p.partials, C::R * C::W, first_block, run.iters, strip_begin, b));
 #pragma unroll
       for (int j = 0; j < J; ++j)
 #pragma unroll
         for (int v0 = 0; v0 < C::ACC / 4; v0 += kBatch) {
-          uint2 x[kBatch];
+          Quad x[kBatch];
 #pragma unroll
           for (int v = 0; v < kBatch; ++v) x[v] = __ldcg(src + at(j, v0 + v));
 #pragma unroll
@@ -461,11 +461,7 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
       for (int v = 0; v < C::ACC / 4; ++v) {
         if (row0 + 8 * v >= run.m_rows) continue;
         const float* a = &acc[j][4 * v];
-        if constexpr (kHalfParts<C>) {
-          reinterpret_cast<uint2*>(part)[at(j, v)] = half4(a[0], a[1], a[2], a[3]);
-        } else {
-          reinterpret_cast<float4*>(part)[at(j, v)] = make_float4(a[0], a[1], a[2], a[3]);
-        }
+        reinterpret_cast<Quad*>(part)[at(j, v)] = make_quad<Quad>(a[0], a[1], a[2], a[3]);
       }
     if (own) count_part(p.flags + kFlagsPerBlock * (first_block + strip_begin / run.iters) + wg, tid);
   }
@@ -582,21 +578,23 @@ __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, 
 
 #endif
 
-// How the wgmma kernels save a part (wgmma_finish): in register order, quad (4 floats; 4 halves where HALF, kHalfParts)
-// band (of the tile's R / 8) of wgmma tile j of thread t of a row block at (j * R / 8 + band) * TP + t, TP = THREADS /
-// RB threads per row block. For add_parts_kernel (8-row bands: quad `band` of each tile) thread t = j * TP + t' takes
-// tile j of those threads' t': element e is row 2 (t' % 4) + e % 2 of the band, column of(j, e / 2) from the thread's
-// first (Cols, the kernel's column map). T: wgmma tiles per thread. Bands of more than 256 such threads of 8- and
-// 16-row tiles may be split over SPLIT = MAX_SPLIT blocks (launch_gemm), block h taking threads t' in [h TP / SPLIT, (h
-// + 1) TP / SPLIT) of every tile: whole warps, whose columns (both column maps go warp by warp) are the strip's h-th W
-// / SPLIT. On the 2:4 32 x 256 tiles the split was slower (+1-4% a layer at M = 32, perf-log pk1), so taller tiles keep
+// How the wgmma kernels save a part (wgmma_finish): in register order, quad (Quad: 4 floats, or 4 halves where
+// kHalfParts) band (of the tile's R / 8) of wgmma tile j of thread t of a row block at (j * R / 8 + band) * TP + t, TP
+// = THREADS / RB threads per row block. For add_parts_kernel (8-row bands: quad `band` of each tile) thread t = j * TP
+// + t' takes tile j of those threads' t': element e is row 2 (t' % 4) + e % 2 of the band, column of(j, e / 2) from the
+// thread's first (Cols, the kernel's column map). T: wgmma tiles per thread. Bands of more than 256 such threads of 8-
+// and 16-row tiles may be split over SPLIT = MAX_SPLIT blocks (launch_gemm), block h taking threads t' in [h TP /
+// SPLIT, (h + 1) TP / SPLIT) of every tile: whole warps, whose columns (both column maps go warp by warp) are the
+// strip's h-th W / SPLIT. On the 2:4 32 x 256 tiles the split was slower (+1-4% a layer at M = 32, perf-log pk1), so
+// taller tiles keep
 // whole bands.
 template <class C, class Cols, int T>
 struct RegisterParts {
   static constexpr int TP = C::THREADS / (C::R / (2 * C::ACC));
   static constexpr int MAX_SPLIT = C::R <= 16 && TP * T > 256 ? TP * T / 256 : 1;
   static constexpr int R = C::R, W = C::W, DEPTH = C::DEPTH, THREADS = TP * T;
-  static constexpr bool STAGED = true, HALF = kHalfParts<C>;
+  static constexpr bool STAGED = true;
+  using Quad = PartQuad<kHalfParts<C>>;
   static_assert(TP % (32 * MAX_SPLIT) == 0, "whole warps per block");
   static __device__ __forceinline__ int thread(int s, int h, int split) {
     return s / (TP / split) * TP + h * (TP / split) + s % (TP / split);
