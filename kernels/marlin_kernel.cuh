@@ -1249,7 +1249,7 @@ struct WsBlock {
   static constexpr int C_ROWS = 0;  // rows of a whole strip staged per round in shared memory (0: none; store_staged)
 };
 // Whether config C's split strips save fp16 parts: the warp-specialized kernels' (WsBlock), whose blocks all read
-// their later parts at their runs' ends at once, at the L2's shared rate (7B batch 128: dense -6%, 2:4 -5%; perf-log
+// their later parts at their runs' ends at once, at the L2's shared rate (7B batch 128: dense -6%, 2:4 -4%; perf-log
 // kb1, h16). Each part is rounded once, 2^-11 of its size, before the fp32 sums. The other kernels keep fp32 parts:
 // fp16 ones ran them up to 15% slower a layer at m <= 16 (h16).
 template <class C>
