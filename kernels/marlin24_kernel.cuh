@@ -375,7 +375,7 @@ struct Sm90Cfg {
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;  // whole swizzle atoms
   // 8- to 32-row chunks: as many stages as BLOCKS blocks per SM hold, at most 8 (two blocks: 3 / 5 at 256 columns,
   // 8 / 7 at 128, 16 / 32 rows; three: 6 at 16 x 128, 8 at 8 x 128), four blocks one fewer (5 at 8 x 128: the ring
-  // perf-log b4 measured; the 6 that fit would also leave a parts block room, untried); 64-row chunks: 8
+  // perf-log b4; the 6 that fit were 3-4% slower on 14336 x 4096 at m <= 8: b6); 64-row chunks: 8
   static constexpr int STAGES = R == 64 ? 8 : detail::sm90_stages_fit(STAGE, BLOCKS) - (BLOCKS == 4);
   static constexpr int SMEM = STAGES * STAGE * 16 + 1024;  // + room to align the ring to 1024 bytes
   static constexpr int C_ROWS = 0;  // whole strips go to C from the registers (store_registers)

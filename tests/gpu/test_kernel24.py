@@ -94,20 +94,16 @@ def test_group_sizes(m: int, group: int, k: int, n: int) -> None:
     _check(m, k, n, group)
 
 
-@pytest.mark.parametrize("group", [-1, 32, 128])
-@pytest.mark.parametrize("m", [1, 8, 16])
-def test_three_blocks_per_sm(m: int, group: int) -> None:
-    """8 x 128 (m <= 8) and 16 x 128 wgmma.sp tiles at three blocks per SM (11008 x 4096 on the H200:
-    sm90_blocks_per_sm)."""
-    _check(m, 11008, 4096, group)
+# (m, k, n) on more than two blocks per SM on the H200 (sm90_blocks_per_sm): three 8 x 128 (m <= 8) and 16 x 128 tiles
+# on 11008 x 4096; four 8 x 128 ones on k x 4096 and three on a tie with two (4096 x 6144) at m <= 8
+_MORE_BLOCKS = [(m, 11008, 4096) for m in (1, 8, 16)] + [
+    (m, k, n) for k, n in ((8192, 4096), (14336, 4096), (4096, 6144)) for m in (1, 5, 8)
+]
 
 
-@pytest.mark.parametrize("k,n", [(8192, 4096), (14336, 4096), (4096, 6144)], ids=str)
 @pytest.mark.parametrize("group", [-1, 32, 128])
-@pytest.mark.parametrize("m", [1, 5, 8])
-def test_more_blocks_per_sm_at_eight_rows(m: int, group: int, k: int, n: int) -> None:
-    """8 x 128 wgmma.sp tiles at four blocks per SM (k x 4096 on the H200) and at three on a tie with two (4096 x
-    6144): sm90_blocks_per_sm at m <= 8."""
+@pytest.mark.parametrize("m,k,n", _MORE_BLOCKS, ids=str)
+def test_more_blocks_per_sm(m: int, k: int, n: int, group: int) -> None:
     _check(m, k, n, group)
 
 
