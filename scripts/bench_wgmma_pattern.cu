@@ -10,19 +10,25 @@
 // costs the rate shows (perf-log w4). The part run first (`traffic`) puts the 2:4 pattern on the warp-specialized 2:4
 // kernel's shape and adds its waits, copies and shared loads (perf-log s19).
 //
+// The part `rates` gives what one tensor instruction costs an SM at the small n of the kernels' 8- to 32-row chunks:
+// wgmma.sp m64nNk32 and wgmma m64n16k16 back to back in one warpgroup, mma.sp m16n8k32 and mma m16n8k16 in 4-warp
+// blocks, 1-4 blocks per SM, as cycles per instruction per SM at the device's clock (perf-log tc1).
+//
 // Build and run on the H200 (no torch needed):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/bench_wgmma scripts/bench_wgmma_pattern.cu
-//   /tmp/bench_wgmma [LAUNCHES] [traffic]     (`traffic`: that part only)
+//   /tmp/bench_wgmma [LAUNCHES] [traffic|rates]     (`traffic`, `rates`: that part only)
 // LAUNCHES (default 1): timed launches of about 1 ms per staircase step, the median reported; 100 hold the GPU under
 // sustained load as scripts/bench_kernel.py does, 1 (the perf-log w4 figures) catches it at a higher clock.
 #include <cuda_runtime.h>
 
+#include "../kernels/marlin24_kernel.cuh"
 #include "../kernels/wgmma.cuh"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -470,12 +476,96 @@ void staircase_of(const StairArgs& g) {
 
 }  // namespace
 
+// `rates`: U tensor instructions per iteration on 4 accumulator chains. The operands are read from `src`, so that ptxas
+// keeps them in registers (immediate operands it rematerializes between the instructions, and waits for each wgmma).
+constexpr int kRateU = 16;
+template <int N, bool SPARSE>
+__global__ void __launch_bounds__(128) wgmma_rate(const uint32_t* src, float* out, int iters) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem[];
+  const uint32_t tile = marlin_cli::detail::ring_start(reinterpret_cast<const int4*>(smem));
+  const int l = threadIdx.x % 32;
+  const uint32_t a[4] = {src[l], src[l + 1], src[l + 2], src[l + 3]}, meta = src[64 + l];
+  float acc[4][N / 2] = {};
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int u = 0; u < kRateU; ++u) {
+      if constexpr (SPARSE) {
+        marlin_cli::detail::wgmma_sp_m64k32<N, 0>(acc[u % 4], a, meta, tile_desc(tile));
+      } else {
+        marlin_cli::detail::wgmma_m64k16<N>(acc[u % 4], a, tile_desc(tile));
+      }
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    wait_groups<0>();
+  }
+  out[blockIdx.x * blockDim.x + threadIdx.x] = acc[0][0] + acc[1][0] + acc[2][0] + acc[3][0];
+#endif
+}
+
+template <bool SPARSE>
+__global__ void __launch_bounds__(128) mma_rate(const uint32_t* src, float* out, int iters) {
+  const int l = threadIdx.x % 32;
+  const uint32_t a[4] = {src[l], src[l + 1], src[l + 2], src[l + 3]}, meta = src[64 + l];
+  const uint32_t b[4] = {src[l + 4], src[l + 5], src[l + 6], src[l + 7]}, b2[2] = {b[0], b[1]};
+  float acc[4][4] = {};
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int u = 0; u < kRateU; ++u) {
+      if constexpr (SPARSE) {
+        marlin_cli::sparse24::mma_sp_16832<0>(a, b, meta, acc[u % 4]);
+      } else {
+        marlin_cli::detail::mma_16816(a, b2, acc[u % 4]);
+      }
+    }
+  }
+  out[blockIdx.x * blockDim.x + threadIdx.x] = acc[0][0] + acc[1][0] + acc[2][0] + acc[3][0];
+}
+
+// Cycles per instruction per SM of `kernel` at `per_sm` blocks per SM; `per_block`: its instructions per iteration
+// that occupy the SM's tensor cores (a warpgroup's wgmma is one, each warp's mma one).
+template <class Kernel>
+void run_rate(const char* name, Kernel kernel, int per_block, int per_sm, int sms, const uint32_t* src, float* out) {
+  constexpr int kIters = 2000;
+  int khz = 0;
+  cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  kernel<<<sms * per_sm, 128, kSmem>>>(src, out, 10);  // warm-up
+  const float ms = time_once([&] { kernel<<<sms * per_sm, 128, kSmem>>>(src, out, kIters); });
+  const double per_sm_instructions = double{per_sm} * kIters * kRateU * per_block;
+  printf("%-22s %d blocks per SM  %6.2f cycles per instruction per SM  (%s)\n", name, per_sm,
+         ms * khz / per_sm_instructions, cudaGetErrorString(cudaGetLastError()));
+}
+
+void rates(int sms, float* out) {
+  uint32_t host[128];
+  for (int i = 0; i < 128; ++i) host[i] = i >= 64 && i < 96 ? 0x44444444u : 0x3c003c00u ^ (i << 4);  // kept (0, 1)
+  uint32_t* src = nullptr;
+  cudaMalloc(&src, sizeof(host));
+  cudaMemcpy(src, host, sizeof(host), cudaMemcpyHostToDevice);
+  for (int b = 1; b <= 4; ++b) {
+    run_rate("wgmma.sp m64n8k32", wgmma_rate<8, true>, 1, b, sms, src, out);
+    run_rate("wgmma.sp m64n16k32", wgmma_rate<16, true>, 1, b, sms, src, out);
+    run_rate("wgmma.sp m64n32k32", wgmma_rate<32, true>, 1, b, sms, src, out);
+    run_rate("wgmma.sp m64n64k32", wgmma_rate<64, true>, 1, b, sms, src, out);
+    run_rate("wgmma m64n16k16", wgmma_rate<16, false>, 1, b, sms, src, out);
+    run_rate("mma.sp m16n8k32", mma_rate<true>, 4, b, sms, src, out);
+    run_rate("mma m16n8k16", mma_rate<false>, 4, b, sms, src, out);
+  }
+  cudaFree(src);
+}
+
 int main(int argc, char** argv) {
   const int launches = argc > 1 ? std::atoi(argv[1]) : 1;  // timed launches per staircase step (median)
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   float* out = nullptr;
-  cudaMalloc(&out, 2 * sms * 128 * sizeof(float));
+  cudaMalloc(&out, 4 * sms * 128 * sizeof(float));
+  if (argc > 2 && std::strcmp(argv[2], "rates") == 0) {
+    rates(sms, out);
+    return 0;
+  }
   {  // the 2:4 pattern with the warp-specialized 2:4 kernel's other shared-memory traffic
     int4* src = nullptr;
     const int src_bytes = 4 << 20;  // L2-resident
