@@ -474,8 +474,6 @@ void staircase_of(const StairArgs& g) {
   }
 }
 
-}  // namespace
-
 // `rates`: U tensor instructions per iteration on 4 accumulator chains. The operands are read from `src`, so that ptxas
 // keeps them in registers (immediate operands it rematerializes between the instructions, and waits for each wgmma).
 constexpr int kRateU = 16;
@@ -555,6 +553,8 @@ void rates(int sms, float* out) {
   }
   cudaFree(src);
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const int launches = argc > 1 ? std::atoi(argv[1]) : 1;  // timed launches per staircase step (median)
