@@ -531,7 +531,7 @@ void run_rate(const char* name, Kernel kernel, int per_block, int per_sm, int sm
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   kernel<<<sms * per_sm, 128, kSmem>>>(src, out, 10);  // warm-up
   const float ms = time_once([&] { kernel<<<sms * per_sm, 128, kSmem>>>(src, out, kIters); });
-  const double per_sm_instructions = double{per_sm} * kIters * kRateU * per_block;
+  const double per_sm_instructions = static_cast<double>(per_sm) * kIters * kRateU * per_block;
   printf("%-22s %d blocks per SM  %6.2f cycles per instruction per SM  (%s)\n", name, per_sm,
          ms * khz / per_sm_instructions, cudaGetErrorString(cudaGetLastError()));
 }
