@@ -9,8 +9,9 @@ Stall reasons of the wgmma kernel on the 8192 x 57344 layer of Llama-3-70B at M 
     python3 scripts/profile_kernel.py 64 8192 57344
 
 (`--kernel-name regex:gemm_kernel` selects the sm_80 kernel, which runs for m <= 32; `--sparse24` launches the 2:4
-product instead, `regex:gemm24_sm90` its wgmma.sp kernels; add `--section SourceCounters` for the stalls per
-instruction.) The kernel is built on the first call, before the launches ncu sees.
+product instead, `regex:gemm24_sm90` its wgmma.sp kernels; add `--section SourceCounters --warp-sampling-interval 0`
+for the stalls per instruction, which `scripts/warp_samples.py` sums by region of the SASS.) The kernel is built on the
+first call, before the launches ncu sees.
 """
 
 from __future__ import annotations
