@@ -3,6 +3,8 @@ and that the ops refuse what the kernels cannot take before building anything.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,15 @@ def test_every_kernel_source_is_built_and_hashed() -> None:
     """A .cu left out of SOURCES would not be compiled; a header left out of HEADERS would not bust the cache."""
     assert {p.name for p in KERNELS.glob("*.cu")} | {"bindings.cpp"} == set(build.SOURCES)
     assert {p.name for p in KERNELS.glob("*.h")} | {p.name for p in KERNELS.glob("*.cuh")} == set(build.HEADERS)
+    assert all((build.source_dir() / name).is_file() for name in build.SOURCES + build.HEADERS)
+
+
+def test_the_sources_do_not_shadow_a_package_named_kernels() -> None:
+    """transformers imports the `kernels` package where one is installed; from the top of a checkout (on sys.path under
+    `python3 -m pytest` or `python3 -m marlin_cli`) a regular package kernels/ there would be found first instead."""
+    code = "import importlib.util; s = importlib.util.find_spec('kernels'); print(s.origin if s else '')"
+    run = subprocess.run([sys.executable, "-c", code], cwd=KERNELS.parent, capture_output=True, text=True, check=True)
+    assert not run.stdout.strip().startswith(str(KERNELS))
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ torch / CUDA versions, so a second process or a second run reuses the build.
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import os
 import re
 import shutil
@@ -42,15 +41,10 @@ _loaded: Path | None = None
 
 
 def source_dir() -> Path:
-    """Directory holding the CUDA sources (installed package data, else the source checkout's `kernels/`)."""
-    try:
-        root = importlib.resources.files("marlin_cli.kernels")
-        path = Path(str(root))
-        if (path / SOURCES[0]).is_file():
-            return path
-    except ModuleNotFoundError:
-        pass
-    return Path(__file__).resolve().parents[2] / "kernels"
+    """Directory holding the CUDA sources: an installation's `marlin_cli/kernels`, else the checkout's `kernels/`."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "kernels"
+    return installed if (installed / SOURCES[0]).is_file() else package.parent / "kernels"
 
 
 def nvcc_path() -> str | None:

@@ -1,1 +1,0 @@
-"""CUDA sources of the bundled kernel, installed as package data."""
