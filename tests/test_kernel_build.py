@@ -24,8 +24,8 @@ def test_every_kernel_source_is_built_and_hashed() -> None:
 
 
 def test_the_sources_do_not_shadow_a_package_named_kernels() -> None:
-    """transformers imports the `kernels` package where one is installed; from the top of a checkout (on sys.path under
-    `python3 -m pytest` or `python3 -m marlin_cli`) a regular package kernels/ there would be found first instead."""
+    """transformers imports the `kernels` package where one is installed; from the top of a checkout (on sys.path
+    under `python3 -m pytest` and for the scripts in scripts/) a regular package kernels/ would be found first."""
     code = "import importlib.util; s = importlib.util.find_spec('kernels'); print(s.origin if s else '')"
     run = subprocess.run([sys.executable, "-c", code], cwd=KERNELS.parent, capture_output=True, text=True, check=True)
     assert not run.stdout.strip().startswith(str(KERNELS))
