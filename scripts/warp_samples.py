@@ -65,11 +65,12 @@ def main() -> None:
         kernel, total, found = regions(path)
         print(f"{path}: {kernel}\n  {total} samples, {sum(r.count for r in found)} instructions")
         print(f"  {'first':>5} {'instr':>5} {'executed':>9} {'share':>6}  stall reasons (share of all samples)")
+        per = 100 / max(total, 1)  # percent per sample (a page with no samples prints zeros)
         for r in found:
-            share = 100 * r.samples / max(total, 1)
+            share = per * r.samples
             if share < args.min:
                 continue
-            why = " ".join(f"{n} {100 * v / total:.1f}" for n, v in r.reasons.most_common(args.reasons) if v)
+            why = " ".join(f"{n} {per * v:.1f}" for n, v in r.reasons.most_common(args.reasons) if v)
             print(f"  {r.first:5d} {r.count:5d} {r.executed:9d} {share:5.1f}%  {why}  | {r.text[:48]}")
 
 
