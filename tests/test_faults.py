@@ -158,16 +158,16 @@ def test_sigkill_never_leaves_a_complete_looking_output(tiny_models, tmp_path: P
     cmd = [sys.executable, "-c", "from marlin_cli.cli.app import main; main()", "quantize", str(tiny_models("llama"))]
     for i, delay in enumerate([0.5, 1.5, 3.0]):
         out = tmp_path / f"out{i}"
-        proc = subprocess.Popen(
+        with subprocess.Popen(  # the context closes the stderr pipe after the wait
             [*cmd, str(out), "--nsamples", "256", "--seqlen", "128"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-        )
-        proc.stderr.readline()
-        time.sleep(delay)
-        proc.kill()
-        proc.wait(timeout=60)
+        ) as proc:
+            proc.stderr.readline()
+            time.sleep(delay)
+            proc.kill()
+            proc.wait(timeout=60)
         assert not out.exists() or {"config.json", "model.safetensors.index.json", "quantization_report.json"} <= {
             p.name for p in out.iterdir()
         }

@@ -36,6 +36,8 @@ def marlin_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("group_size,act_order", SETTINGS, ids=IDS)
+# dequantize=True is passed on purpose beside the export's own quantization_config, which transformers warns about
+@pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
 def test_compressed_tensors_package_reads_our_export(group_size: int, act_order: str, tiny_models, run_cli, tmp_path):  # noqa: ANN001
     """transformers' compressed-tensors integration (the compressed-tensors package) loads and decompresses our
     export; its weights equal ours exactly: in fp16 through the model loader, in float32 through the compressor."""
