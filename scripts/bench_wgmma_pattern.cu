@@ -485,8 +485,10 @@ __global__ void __launch_bounds__(128) wgmma_rate(const uint32_t* src, float* ou
   const int l = threadIdx.x % 32;
   const uint32_t a[4] = {src[l], src[l + 1], src[l + 2], src[l + 3]}, meta = src[64 + l];
   float acc[4][N / 2] = {};
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
   for (int it = 0; it < iters; ++it) {
+    // the accumulators were the warps' after the last wait: fence before the next wgmma reads them (ptxas would
+    // otherwise inject one, C7519)
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int u = 0; u < kRateU; ++u) {
       if constexpr (SPARSE) {
