@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (gptq_reference, minilm_eval, tiny_models)
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "scripts"))  # the measuring scripts some tests check
 
 from tiny_models import make_tiny  # noqa: E402
 

@@ -3,13 +3,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from check_meta_hazards import functions, stage_loop  # noqa: E402
-from stage_loops import stage_path  # noqa: E402
+from check_meta_hazards import functions, stage_loop
+from stage_loops import stage_path
 
 # One kernel: set-up, a loop of 6 instructions on its stage path (one R2UR, two HGMMA, the strip-end test and the
 # back edge) around a strip end of 3 (one R2UR), then the exit.

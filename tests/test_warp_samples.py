@@ -4,14 +4,10 @@ region, whose samples and stall reasons are summed; the "(Not Issued)" columns a
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from warp_samples import regions  # noqa: E402
+from warp_samples import regions
 
 HEADER = [
     "Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
