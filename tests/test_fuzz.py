@@ -47,8 +47,12 @@ def check(directory: Path, data: bytes) -> None:
             store.tensor(name)
     except CheckpointError:
         pass
+    elapsed = time.perf_counter() - started
+    # A hang or a read sized by the header takes far longer; the bound leaves room for a stall of the 2-core CI machine
+    # (hypothesis's own deadline failed CI on a single 1.6 s example whose rerun took 0.5 ms).
+    assert elapsed < 10, f"reading a {len(data)}-byte file took {elapsed:.1f} s"
     STATS["files"] += 1
-    STATS["seconds"] += time.perf_counter() - started
+    STATS["seconds"] += elapsed
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,7 +61,7 @@ def report() -> None:
     print(f"\nfuzzed {STATS['files']} files in {STATS['seconds']:.1f} s")
 
 
-@settings(max_examples=EXAMPLES, deadline=1000, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(
     st.lists(st.tuples(st.integers(0, len(SEED_FILE) - 1), st.integers(0, 255)), max_size=8),
     st.integers(0, len(SEED_FILE)),
@@ -78,7 +82,7 @@ ENTRY = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=EXAMPLES, deadline=1000, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(
     st.dictionaries(st.text(max_size=8), ENTRY | st.integers() | st.text(), max_size=4),
     st.binary(max_size=64),
