@@ -61,7 +61,10 @@ def report() -> None:
     print(f"\nfuzzed {STATS['files']} files in {STATS['seconds']:.1f} s")
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+@FUZZ
 @given(
     st.lists(st.tuples(st.integers(0, len(SEED_FILE) - 1), st.integers(0, 255)), max_size=8),
     st.integers(0, len(SEED_FILE)),
@@ -82,7 +85,7 @@ ENTRY = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@FUZZ
 @given(
     st.dictionaries(st.text(max_size=8), ENTRY | st.integers() | st.text(), max_size=4),
     st.binary(max_size=64),
