@@ -409,10 +409,9 @@ struct Sm90WsCfg : detail::WsBlock {
   static constexpr int S_STAGE = KT * W / 8;
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;
   // Whole strips go to C through shared memory, 64 rows per round (store_staged): from the registers, this column
-  // map's 2-byte stores put each value in a 32-byte sector of its own (perf-log s21). Rows C_PITCH halves apart (an
-  // odd number of words: a warp's stores of 4 rows x 8 columns 16 apart meet at most two to a bank).
-  static constexpr int C_ROWS = 64, C_PITCH = W + 2;
-  static constexpr int C_STAGING = (C_ROWS * C_PITCH * 2 + 127) / 128 * 128;  // bytes, after the ring
+  // map's 2-byte stores put each value in a 32-byte sector of its own (perf-log s21).
+  static constexpr int C_ROWS = 64;
+  static constexpr int C_STAGING = C_ROWS * W * 2;  // bytes, after the ring
   static constexpr int STAGES = detail::sm90_ws_stages_fit(STAGE, C_STAGING);
   static constexpr int SMEM = STAGES * STAGE * 16 + C_STAGING + 1024;
   static constexpr int ACC = R / 2 / (CONSUMERS / STRIPS);  // accumulators per thread per wgmma: its rows x 64 / 128

@@ -180,6 +180,10 @@ struct SparseCols {
   }
   static __device__ __forceinline__ int of(int u, int h) { return u / 2 + 4 * (u % 2) + 8 * h; }
   static __device__ __forceinline__ int scale(int x) { return x; }
+  // store_staged's word of column x in pair-row q: the 4-word group XOR bits 5-6 of x, the word in it XOR q % 4, so
+  // that lanes (g, t) (pair-rows 4i + t, columns 16g + k) hit 32 banks and 8 lanes' 16-byte loads of consecutive groups
+  // of a pair-row all of them
+  static __device__ __forceinline__ int staged(int q, int x) { return q * C::W + (x ^ ((x >> 5 & 3) << 2) ^ (q & 3)); }
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

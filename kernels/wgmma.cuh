@@ -341,40 +341,65 @@ __device__ __forceinline__ void computing_sync() {
 // As store_registers, through shared memory (configurations with C::C_ROWS, warp-specialized, whose computing
 // threads all finish a strip together): in rounds of C_ROWS rows of the R x W tile at c (its first row and column),
 // each thread puts its values of the round's rows into the staging area after the ring (x: its first column in the
-// tile; rb: its row block of N rows), and after a barrier the threads store the round to C word by word, a warp's
-// 32 words one 128-byte line. `rows` as in store_registers.
+// tile; rb: its row block of N rows), its two rows of a column (accumulators e = 0, 1: rows 2q and 2q + 1 of the
+// round) as one word, at word Cols::staged(q, column) (W words a pair-row q, swizzled for the column map: a warp's
+// stores hit 32 banks; a 4-word group stays one, its words in the order of its first's offset & 3); after a barrier
+// each thread copies 8 columns of pair-rows out: two 16-byte shared loads, a 16-byte global store to each row.
+// `rows` as in store_registers.
 template <class C, class Cols, int N, int J, class ScaleOf>
 __device__ __forceinline__ void store_staged(__half* c, int n, int rows, int x, int rb, const float (&acc)[J][C::ACC],
                                              ScaleOf&& scale_of) {
   extern __shared__ int4 smem[];
   const uint32_t staging = ring_start(smem + C::STAGES * C::STAGE);  // stages are whole 1024-byte atoms
   const int tid = threadIdx.x, c2 = 2 * (tid % 4);
+  constexpr int L = C::W / 8, ITEMS = C::C_ROWS / 2 * L;  // 8-column pieces of a row, and of a round's pair-rows
+  static_assert(ITEMS % C::THREADS == 0, "whole passes");
   float sc[J][2];
   column_scales(sc, scale_of);
 #pragma unroll 1
   for (int r0 = 0; r0 < C::R && r0 < rows; r0 += C::C_ROWS) {
 #pragma unroll
-    for (int i = 0; i < N / 8; ++i)
+    for (int i = 0; i < N / 8; ++i) {
+      const int r = rb * N + 8 * i + c2 - r0;  // the pair's first row in the round
+      if (r < 0 || r >= C::C_ROWS) continue;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int r = rb * N + 8 * i + c2 + e - r0;  // row in the round
-        if (r < 0 || r >= C::C_ROWS) continue;
+      for (int j = 0; j < J; ++j)
 #pragma unroll
-        for (int j = 0; j < J; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const __half v = __float2half_rn(acc[j][4 * i + 2 * h + e] * sc[j][h]);
-            asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(staging + (r * C::C_PITCH + x + Cols::of(j, h)) * 2),
-                         "h"(__half_as_ushort(v))
-                         : "memory");
-          }
-      }
+        for (int h = 0; h < 2; ++h) {
+          const __half2 v = __floats2half2_rn(acc[j][4 * i + 2 * h] * sc[j][h], acc[j][4 * i + 2 * h + 1] * sc[j][h]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(staging + Cols::staged(r / 2, x + Cols::of(j, h)) * 4),
+                       "r"(*reinterpret_cast<const uint32_t*>(&v))
+                       : "memory");
+        }
+    }
     computing_sync<C::THREADS>();
     const int round_rows = min(C::C_ROWS, rows - r0);
-    for (int q = tid; q < round_rows * (C::W / 2); q += C::THREADS) {
-      const int r = q / (C::W / 2), w = q % (C::W / 2);
-      const uint32_t v = lds32(staging + (r * C::C_PITCH + 2 * w) * 2);
-      reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(r0 + r) * n)[w] = v;
+    // not unrolled: unrolled, ptxas's registers in the 64 x 256 per-channel kernel's stage loop came out with a
+    // metadata register rewritten 63 instructions after its wgmma.sp (check_meta_hazards; perf-log cs1)
+#pragma unroll 1
+    for (int it = 0; it < ITEMS / C::THREADS; ++it) {
+      const int item = tid + it * C::THREADS, q = item / L, o = item % L;
+      if (2 * q >= round_rows) break;
+      const int at_lo = Cols::staged(q, 8 * o), at_hi = Cols::staged(q, 8 * o + 4);
+      const int4 lo = lds128(staging + (at_lo & ~3) * 4), hi = lds128(staging + (at_hi & ~3) * 4);
+      uint32_t w[8] = {uint32_t(lo.x), uint32_t(lo.y), uint32_t(lo.z), uint32_t(lo.w),
+                       uint32_t(hi.x), uint32_t(hi.y), uint32_t(hi.z), uint32_t(hi.w)};
+      // word p of a loaded group holds its column p ^ (at_lo & 3): the pairs' order in the byte permutes' selectors
+      if (at_lo & 2) {
+#pragma unroll
+        for (int p : {0, 1, 4, 5}) {
+          const uint32_t t = w[p];
+          w[p] = w[p + 2], w[p + 2] = t;
+        }
+      }
+      const uint32_t even = at_lo & 1 ? 0x1054 : 0x5410, odd = at_lo & 1 ? 0x3276 : 0x7632;  // rows 2q, 2q + 1
+      __half* const row = c + static_cast<int64_t>(r0 + 2 * q) * n + 8 * o;
+      *reinterpret_cast<uint4*>(row) = make_uint4(__byte_perm(w[0], w[1], even), __byte_perm(w[2], w[3], even),
+                                                  __byte_perm(w[4], w[5], even), __byte_perm(w[6], w[7], even));
+      if (2 * q + 1 < round_rows) {
+        *reinterpret_cast<uint4*>(row + n) = make_uint4(__byte_perm(w[0], w[1], odd), __byte_perm(w[2], w[3], odd),
+                                                        __byte_perm(w[4], w[5], odd), __byte_perm(w[6], w[7], odd));
+      }
     }
     computing_sync<C::THREADS>();
   }
