@@ -4,6 +4,8 @@ python3 scripts/check_meta_hazards.py OBJECT [--min 65] [--cuobjdump PATH]
 
 OBJECT: the kernel library the package builds, or an object with sm_90a code of kernels/marlin24_sm90.cu, e.g.
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMARLIN_SM90A -c kernels/marlin24_sm90.cu -o /tmp/m.o
+(scripts/compile_kernels.sh checks its object so, without a GPU). cuobjdump and the nvdisasm it runs come from the
+CUDA toolkit or from the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels that the test extra installs.
 
 ptxas keeps the fragment registers of a warpgroup MMA group in flight until a wait retires it, but not the sparse
 metadata register: it may rewrite that once the HGMMA.SP has issued, and the hardware reads it later. Rewrites 20
@@ -11,16 +13,19 @@ and 57 instructions after the issue gave wrong outputs (perf-log s15, s17); 65 o
 with a stage loop of HGMMA.SP this walks the loop three times in program order, tracks the groups in flight (a group
 ends at the HGMMA marked gsb0, WARPGROUP.DEPBAR gsb0, N leaves N) and reports every write to a metadata register of a
 group in flight with its distance in instructions from the issue. Exit 1 if one is nearer than --min, 2 if OBJECT
-holds no such loop (no sm_90a code of the 2:4 kernels).
+holds no such loop (no sm_90a code of the 2:4 kernels), 3 if cuobjdump is missing or fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 _INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _NO_DEST = ("ST", "BRA", "SYNCS", "WARPGROUP", "BAR", "RED", "NOP", "DEPBAR", "EXIT", "RET", "CALL", "ARRIVES")
@@ -89,13 +94,36 @@ def rewrites(body: list[tuple[int, str]]) -> list[tuple[int, str, int]]:
     return found
 
 
+def toolkit_binary(name: str) -> str | None:
+    """A CUDA tool on PATH, else from the nvidia-cuda-* wheels (nvidia/cu*/bin)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for root in spec.submodule_search_locations if spec else []:
+        for path in sorted(Path(root).glob(f"cu*/bin/{name}"), reverse=True):
+            return str(path)
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("object")
     ap.add_argument("--min", type=int, default=65, help="nearest rewrite accepted, in instructions (default 65)")
-    ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
+    ap.add_argument("--cuobjdump", default=toolkit_binary("cuobjdump"))
     args = ap.parse_args()
-    sass = subprocess.run([args.cuobjdump, "--dump-sass", args.object], capture_output=True, text=True, check=True)
+    if args.cuobjdump is None:
+        print("cuobjdump not found: install the CUDA toolkit's, or pip install -e '.[test]'", file=sys.stderr)
+        return 3
+    env = dict(os.environ)
+    nvdisasm = toolkit_binary("nvdisasm") or str(Path(args.cuobjdump).with_name("nvdisasm"))
+    env["PATH"] = os.pathsep.join([str(Path(nvdisasm).parent), env.get("PATH", "")])  # cuobjdump runs nvdisasm
+    sass = subprocess.run(
+        [args.cuobjdump, "--dump-sass", "-arch", "sm_90a", args.object], capture_output=True, text=True, env=env
+    )
+    if sass.returncode != 0:
+        print(f"{args.cuobjdump} failed on {args.object}: {sass.stderr.strip()}", file=sys.stderr)
+        return 3
     worst, loops = None, 0
     for name, instrs in sorted(functions(sass.stdout).items()):
         body = stage_loop(instrs)
