@@ -342,9 +342,10 @@ __device__ __forceinline__ void computing_sync() {
 // threads all finish a strip together): in rounds of C_ROWS rows of the R x W tile at c (its first row and column),
 // each thread puts its values of the round's rows into the staging area after the ring (x: its first column in the
 // tile; rb: its row block of N rows), its two rows of a column (accumulators e = 0, 1: rows 2q and 2q + 1 of the
-// round) as one word, at word Cols::staged(q, column) (W words a pair-row q, swizzled for the column map: a warp's
-// stores hit 32 banks; a 4-word group stays one, its words in the order of its first's offset & 3); after a barrier
-// each thread copies 8 columns of pair-rows out: two 16-byte shared loads, a 16-byte global store to each row.
+// round) as one word, at word Cols::staged(q, column) (W words a pair-row q, swizzled for the column map so that a
+// warp's stores hit 32 banks; it must keep 4 aligned columns in one aligned 4-word group, their order XOR the first's
+// word & 3); after a barrier each thread copies 8 columns of pair-rows out: two 16-byte shared loads, a 16-byte global
+// store to each row.
 // `rows` as in store_registers.
 template <class C, class Cols, int N, int J, class ScaleOf>
 __device__ __forceinline__ void store_staged(__half* c, int n, int rows, int x, int rb, const float (&acc)[J][C::ACC],
