@@ -95,10 +95,16 @@ def rewrites(body: list[tuple[int, str]]) -> list[tuple[int, str, int]]:
 
 
 def toolkit_binary(name: str) -> str | None:
-    """A CUDA tool on PATH, else from the nvidia-cuda-* wheels (nvidia/cu*/bin)."""
+    """A CUDA tool on PATH, else beside the toolkit's nvcc (CUDA_HOME, CUDA_PATH or PATH), else from the
+    nvidia-cuda-* wheels (nvidia/cu*/bin)."""
     found = shutil.which(name)
     if found:
         return found
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    for bin_dir in [Path(h) / "bin" for h in homes if h] + ([Path(nvcc).parent] if nvcc else []):
+        if (bin_dir / name).is_file():
+            return str(bin_dir / name)
     spec = importlib.util.find_spec("nvidia")
     for root in spec.submodule_search_locations if spec else []:
         for path in sorted(Path(root).glob(f"cu*/bin/{name}"), reverse=True):

@@ -10,7 +10,6 @@ word, scale or row shows up as an error of order 1.
 from __future__ import annotations
 
 import functools
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -254,17 +253,11 @@ def test_metadata_registers_are_rewritten_late():
     s17). A toolchain that schedules the stage loop differently fails here before it fails on data."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernels are built for sm_90a only")
-    nvcc = build.nvcc_path()
-    cuobjdump = shutil.which("cuobjdump") or (str(Path(nvcc).parent / "cuobjdump") if nvcc else None)
-    if cuobjdump is None or not Path(cuobjdump).is_file():
-        pytest.skip("cuobjdump (CUDA toolkit) not found")
     script = Path(__file__).resolve().parents[2] / "scripts" / "check_meta_hazards.py"
-    run = subprocess.run(
-        [sys.executable, str(script), str(build.build_kernels()), "--cuobjdump", cuobjdump],
-        capture_output=True,
-        text=True,
-    )
+    run = subprocess.run([sys.executable, str(script), str(build.build_kernels())], capture_output=True, text=True)
     print(run.stdout.splitlines()[-1] if run.stdout else run.stderr)
     if run.returncode == 2:
         pytest.skip("the built library has no wgmma.sp kernels (TORCH_CUDA_ARCH_LIST without 9.0a)")
+    if run.returncode == 3:
+        pytest.skip("cuobjdump not found (CUDA toolkit, or the test extra's nvidia-cuda wheels)")
     assert run.returncode == 0, run.stdout + run.stderr
