@@ -95,14 +95,15 @@ def rewrites(body: list[tuple[int, str]]) -> list[tuple[int, str, int]]:
 
 
 def toolkit_binary(name: str) -> str | None:
-    """A CUDA tool on PATH, else beside the toolkit's nvcc (CUDA_HOME, CUDA_PATH or PATH), else from the
-    nvidia-cuda-* wheels (nvidia/cu*/bin)."""
+    """A CUDA tool on PATH, else in the toolkit torch's extension builder would find (CUDA_HOME, CUDA_PATH, nvcc's
+    folder on PATH, /usr/local/cuda), else from the nvidia-cuda-* wheels (nvidia/cu*/bin)."""
     found = shutil.which(name)
     if found:
         return found
     homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
     nvcc = shutil.which("nvcc")
-    for bin_dir in [Path(h) / "bin" for h in homes if h] + ([Path(nvcc).parent] if nvcc else []):
+    bin_dirs = [Path(h) / "bin" for h in homes if h] + ([Path(nvcc).parent] if nvcc else [])
+    for bin_dir in [*bin_dirs, Path("/usr/local/cuda/bin")]:
         if (bin_dir / name).is_file():
             return str(bin_dir / name)
     spec = importlib.util.find_spec("nvidia")
