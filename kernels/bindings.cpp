@@ -1,5 +1,6 @@
-// Registers the kernels as the torch custom ops marlin_cli::gemm (dense), marlin_cli::gemm24 (2:4),
-// marlin_cli::gptq_block (the GPTQ column loop) and marlin_cli::clip_scales (the clipping search of fixed scales).
+// Registers the kernels as the torch custom ops marlin_cli::gemm (dense), marlin_cli::gemm24 (2:4) with
+// marlin_cli::gemm24_kernel_order (which order of its weights it reads on a device), marlin_cli::gptq_block (the GPTQ
+// column loop) and marlin_cli::clip_scales (the clipping search of fixed scales).
 // Only argument plumbing lives here; the shape rules are enforced (with user-facing messages) in
 // marlin_cli/kernel/ops.py and re-checked below as a last line.
 #include <ATen/ATen.h>
@@ -178,6 +179,8 @@ void clip_scales_cuda(const at::Tensor& w, const std::optional<at::Tensor>& cost
 TORCH_LIBRARY(marlin_cli, m) {
   m.def("gemm(Tensor a, Tensor b, Tensor s, Tensor? perm, Tensor(a!) workspace) -> Tensor");
   m.def("gemm24(Tensor a, Tensor b, Tensor meta, Tensor s, Tensor(a!) workspace) -> Tensor");
+  m.def("gemm24_kernel_order(int device) -> bool",
+        [](int64_t device) { return marlin_cli::gemm24_kernel_order(static_cast<int>(device)); });
   m.def(
       "gptq_block(Tensor(a!) w, Tensor u, Tensor s, int s_row, int s_col, Tensor(b!) codes, Tensor(c!) errors, "
       "int e0, int c0, int c1, int c2, Tensor? keep, int prune) -> ()");

@@ -93,6 +93,8 @@ bool choose(int m, int n, int k, int smem_cap, Choice* out) {
 
 }  // namespace sparse24
 
+bool gemm24_kernel_order(int device) { return detail::has_wgmma(device); }
+
 cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   using namespace sparse24;
   int lg_group = 0;

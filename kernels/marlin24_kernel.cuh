@@ -359,8 +359,6 @@ struct Sm90Cfg {
   static constexpr int THREADS = 128;  // one warpgroup
   static constexpr int BLOCKS = BLOCKS_;  // blocks per SM: two, three on 16 / 8 x 128 tiles, four on 8 x 128 ones
   static constexpr int LOAD_TID0 = 0;  // the threads that copy stages (Sm90Loader): all of them
-  static constexpr bool A_TMA = false;  // Sm90Loader copies the A tile too
-  static constexpr bool WORD_MAJOR = false;  // codes in 16-byte chunks, as stored (Sm90Loader)
   static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
   static constexpr int W = W_;
   static constexpr int STRIPS = W / 128;  // 128-column strips of the tile
@@ -390,15 +388,14 @@ struct Sm90Cfg {
 };
 // The warp-specialized 2:4 kernel for m > 32 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): R-row chunks (128, 96
 // up to m = 96, 64 up to m = 64) by W columns, one block per SM of two computing warpgroups and one copying warpgroup
-// (the A tile by a tensor copy per 64-deep panel, the rest by Sm90Loader's cp.async), a ring of 128-deep stages. At
+// (its first thread: the A tile by a tensor copy per 64-deep panel, the rest by bulk copies), a ring of 128-deep
+// stages. At
 // W = 256 each computing warpgroup takes one 128-column strip on all R rows (two m64nRk32 per k32 row); at W = 128
 // (layers too narrow for 256-column tiles, R = 96 or 128) both take the one strip, each on its R / 2 rows (a row
 // block: two m64n(R/2)k32), since in this lane layout a strip's columns cannot be split between warpgroups.
 template <int W_, int R_>
 struct Sm90WsCfg : detail::WsBlock {
-  static constexpr int LOAD_TID0 = THREADS;  // the copying warpgroup's first thread (Sm90Loader)
-  static constexpr bool A_TMA = true;  // the A tile by a tensor copy per 64-deep panel (Sm90Loader: the rest)
-  static constexpr bool WORD_MAJOR = true;  // codes word by word, each warp's words contiguous (Sm90Loader)
+  static constexpr int LOAD_TID0 = THREADS;  // the copying warpgroup's first thread: every copy of a stage
   static constexpr int R = R_, W = W_;
   static constexpr int STRIPS = W / 128;
   static constexpr int NS = 1;  // the packed words a warp takes of each chunk

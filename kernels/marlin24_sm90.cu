@@ -10,9 +10,12 @@
 // The layout makes this free, as in the mma.sp kernel: lane (g, t) of a warp reading the 16-byte chunks 8g + t and
 // 8g + 4 + t of a 128-column strip's packed k32 row holds, in word j of each, rows g and g + 8 of the 16 x 16 kept
 // values of tile (j, p) (p = 0, 1: the low and high nibble pairs), and the metadata word j serves both tiles through
-// the two sparsity selectors. A warpgroup instruction takes 16 rows from each warp. In the one-warpgroup kernel's
-// R x 256 tiles warp w = 2s + h takes strip s of the block's two and tiles j = 2h, 2h + 1 of it (the 8-byte half h
-// of each chunk): four m64nRk32 per k32 row cover the block's 256 columns. With R x 128 tiles (layers too narrow for
+// the two sparsity selectors. A warpgroup instruction takes 16 rows from each warp, so a warp reads word j of every
+// chunk: these kernels read B_24 and B_meta in a kernel order made once, when a layer is loaded (kernel_word; the
+// checkpoint keeps the stored order, which the mma.sp kernel reads), so that stages can hold them as they lie in
+// memory and the lanes' loads are conflict-free (perf-log ko1). In the one-warpgroup kernel's R x 256 tiles warp
+// w = 2s + h takes strip s of the block's two and tiles j = 2h, 2h + 1 of it: four m64nRk32 per k32 row cover the
+// block's 256 columns. With R x 128 tiles (layers too narrow for
 // 256-column tiles to fill the GPU, as the dense kernel's) warp w takes word j = w of the one strip's chunks, and
 // two m64nRk32 cover its 128 columns. Tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of its
 // strip. Stages are 64 deep for R = 64 (m = 33-64, 128 columns only), 128 for R = 32 (m = 17-32) and 128 or, at 256
@@ -21,8 +24,8 @@
 //
 // Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes R x 256 tiles, R = 96 up to m = 96 and 128
 // above: two computing warpgroups, one strip each (warp w its word w % 4, two m64nRk32 per k32 row), and a copying
-// warpgroup: the A tile by tensor copies, as the dense one does above m = 32 (marlin_sm90.cu), the rest by
-// Sm90Loader's cp.async. On layers too narrow for 256-column tiles it takes R x 128 ones: both computing warpgroups on
+// warpgroup whose first thread copies each stage, as the dense one does above m = 32 (marlin_sm90.cu): the A tile by
+// tensor copies, codes, metadata and scales by bulk copies. On layers too narrow for 256-column tiles it takes R x 128 ones: both computing warpgroups on
 // the one strip, each on its row block of R / 2 rows (two m64n(R/2)k32 per k32 row). At m = 33-64 it takes 64 x 256
 // tiles (two m64n64k32 per warpgroup and k32 row), where the one-warpgroup kernel keeps only the 64 x 128 ones
 // (perf-log w10). Its blocks write whole strips to C through shared memory (store_staged: this column map's 2-byte
@@ -41,11 +44,21 @@ namespace sparse24 {
 
 using namespace detail;
 
-// Copies of one stage: the A tile (R rows x A_CHUNKS chunks as 64-deep panels of R rows in the 128-byte swizzle,
-// rows past m zero-filled), the packed
-// codes and metadata of KT k32 rows x W columns (swizzled as in the mma.sp kernel, so the lanes' loads are
-// conflict-free) and the scale rows the stage spans. Per-thread parts are computed once; the next tile's bases
-// advance by additions.
+// Byte offset in a stage of word w of chunk 8g + 4h + t of strip s's k32 row 0 of B_24 in the kernel order
+// (marlin_cli.formats.marlin24.to_kernel_order, made when a layer is loaded): each (strip, word) a block of 64 words,
+// the h = 0 and h = 1 halves rotated so that a computing warp's 32 lanes (one word w, lane (g, t): one word per half)
+// hit 32 banks. The metadata's kernel order is its 16-byte chunks swizzled within each 128 columns (chunk c at
+// c ^ (c >> 3 & 3)), so that the lanes' metadata loads (TileWords::m_off) are conflict-free too. Stages hold both as
+// they lie in memory, so the one-warpgroup kernels copy them by 16-byte cp.async and the warp-specialized one by bulk
+// copies.
+template <class C>
+__device__ __forceinline__ uint32_t kernel_word(int s, int w, int h, int g, int t) {
+  return (C::A_STAGE * 4 + s * 256 + w * 64 + h * 32 + ((4 * g + t + 4 * h + 8 * w) & 31)) * 4;
+}
+
+// Copies of one stage for the one-warpgroup kernels: the A tile (R rows x A_CHUNKS chunks as 64-deep panels of R
+// rows in the 128-byte swizzle, rows past m zero-filled), the codes and metadata of KT k32 rows x W columns and the
+// scale rows the stage spans. Per-thread parts are computed once; the next tile's bases advance by additions.
 template <class C, bool GROUPED>
 struct Sm90Loader {
   static constexpr int T = 128;  // copying threads: from C::LOAD_TID0 on
@@ -54,7 +67,6 @@ struct Sm90Loader {
   static constexpr int A_ROWS = C::R < 16 ? C::R : 16, A_PP = 16 / A_ROWS;  // rows and panels per pass
   static constexpr int B_PER = C::B_STAGE / T;
   static constexpr int B_ROWS = T / (C::W / 2);  // k32 rows per pass of the B copy
-  static constexpr int B_WORDS = 2 * C::W / T;   // word-major: passes per k32 row (2W words)
   static constexpr int M_PER = (C::M_STAGE + T - 1) / T;
   static constexpr int M_ROWS = T / (C::W / 4);  // k32 rows per pass of the metadata copy
   static constexpr int S_PER = (C::S_STAGE + T - 1) / T;  // scale rows: KT at most (groups of 32)
@@ -70,7 +82,6 @@ struct Sm90Loader {
   const int4* a_g;
   int a_src, a_rows;  // A: this thread's chunk of row r0 (panel 0), and the rows that exist from r0 on
   uint32_t a_dst, b_dst, m_dst, s_dst;
-  uint32_t b_word[2];  // word-major: where this thread's word of an even / odd pass goes
   int m_src, s_src;  // chunk offsets within a k32 row of metadata / a scale row
   bool s_copy[S_PER];
   int ld_col, ld_kt;  // next tile to load
@@ -83,17 +94,9 @@ struct Sm90Loader {
     a_rows = m_rows - r;
     a_dst = a_panel_chunk<C::R>(r, j) * 16;
     // B: chunk e = tid + i * THREADS of the stage is chunk e % (W / 2) of k32 row e / (W / 2) (load)
-    b_dst = (C::A_STAGE + (tid ^ ((tid >> 1) & 4))) * 16;
-    // word-major: pass j copies words tid + 128 j of a k32 row: word w = tid % 4 of chunk c = 8g + 4h + t (c = tid / 4
-    // + 32 j within the row) goes to word_major(strip j / 2, w, h, g, t)
-    if constexpr (C::WORD_MAJOR) {
-#pragma unroll
-      for (int o = 0; o < 2; ++o) {
-        b_word[o] = word_major(0, tid & 3, (tid >> 4) & 1, (tid >> 5) + 4 * o, (tid >> 2) & 3);
-      }
-    }
+    b_dst = (C::A_STAGE + tid) * 16;
     m_src = (tid / (C::W / 4)) * (p.n / 4) + tid % (C::W / 4);
-    m_dst = (C::A_STAGE + C::B_STAGE + (tid ^ ((tid >> 3) & 3))) * 16;
+    m_dst = (C::A_STAGE + C::B_STAGE + tid) * 16;
     // scales: max(1, KT >> lg_group) rows per stage, the first being the stage's first k32 row >> lg_group
     const int s_chunks = max(1, C::KT >> p.lg_group) * (C::W / 8);
 #pragma unroll
@@ -105,28 +108,12 @@ struct Sm90Loader {
     ld_kt = t_begin - ld_col * k_tiles;
   }
 
-  // Byte offset in a stage of word w of chunk c = 8g + 4h + t of strip s's k32 row 0 in the word-major layout: each
-  // (strip, word) a block of 64 words, the h = 0 and h = 1 halves rotated so that a computing warp's 32 lanes (one
-  // word w, lane (g, t): one word per half) and a copying warp's (8 chunks x 4 words) both hit 32 banks.
-  static __device__ __forceinline__ uint32_t word_major(int s, int w, int h, int g, int t) {
-    return (C::A_STAGE * 4 + s * 256 + w * 64 + h * 32 + ((4 * g + t + 4 * h + 8 * w) & 31)) * 4;
-  }
-
   __device__ __forceinline__ void load(uint32_t st, Copies what = Copies::kAll, int kt = 0) {
     const int tid = threadIdx.x - C::LOAD_TID0;
     const int row = ld_kt * C::KT;  // first k32 row of the tile
     const bool weights = what != Copies::kActs, acts = what != Copies::kWeights;
     const int a_tile = (what == Copies::kActs ? kt : ld_kt) * C::A_CHUNKS;
-    if (weights && C::WORD_MAJOR) {
-      const uint32_t* b = reinterpret_cast<const uint32_t*>(p.b) + static_cast<int64_t>(row) * (2 * p.n) +
-                          ld_col * (2 * C::W) + tid;
-#pragma unroll
-      for (int r = 0; r < C::KT; ++r)
-#pragma unroll
-        for (int j = 0; j < B_WORDS; ++j) {
-          cp_async4(st + b_word[j % 2] + (r * 2 * C::W + j / 2 * 256) * 4, b + r * 2 * p.n + T * j);
-        }
-    } else if (weights) {
+    if (weights) {
       const int4* b = p.b + static_cast<int64_t>(row + tid / (C::W / 2)) * (p.n / 2) + ld_col * (C::W / 2) +
                       tid % (C::W / 2);
 #pragma unroll
@@ -141,7 +128,7 @@ struct Sm90Loader {
         }
       }
     }
-    if (acts && !C::A_TMA) {
+    if (acts) {
 #pragma unroll
       for (int pn = 0; pn < PANELS; pn += A_PP)
 #pragma unroll
@@ -188,29 +175,23 @@ struct SparseCols {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Byte offsets in a stage of config C for thread tid's tiles at k32 row 0 (row q adds q times the row's bytes):
-// words [word0, word0 + J) of chunks 8g + t and 8g + 4 + t of its warp's strip (trading places for odd g,
-// Sm90Loader), metadata words j = word0 + jj, scales of those tiles.
+// words word0 + jj (jj < J) of chunks 8g + t and 8g + 4 + t of its warp's strip (kernel_word), metadata words
+// j = word0 + jj, scales of those tiles.
 template <class C>
 struct TileWords {
   static constexpr int J = C::NS;
   static constexpr int N = 2 * C::ACC, TP = C::THREADS / (C::R / N);  // rows of a wgmma, threads per row block
-  uint32_t b_x, b_y, m_off[J], s_off;
+  uint32_t b_x[J], b_y[J], m_off[J], s_off;
   uint32_t a_row;  // the descriptor's offset to this thread's row block in the A panels
   __device__ __forceinline__ explicit TileWords(int tid) {
     const int lane = tid % 32, warp = (TP < C::THREADS ? tid % TP : tid) / 32;
     a_row = TP < C::THREADS ? warp_uniform(tid / TP) * N * 128 >> 4 : 0;
     const int strip = warp_strip<C::NS>(warp), word0 = warp_word0<C::NS>(warp);
     const int g = lane / 4, t = lane % 4;
-    if constexpr (C::WORD_MAJOR) {
-      static_assert(J == 1, "one word per chunk");
-      b_x = Sm90Loader<C, true>::word_major(strip, word0, 0, g, t);
-      b_y = Sm90Loader<C, true>::word_major(strip, word0, 1, g, t);
-    } else {
-      b_x = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (g & 1)) * 16 + 4 * word0;
-      b_y = (C::A_STAGE + strip * 64 + 8 * g + t + 4 * (1 - (g & 1))) * 16 + 4 * word0;
-    }
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) {
+      b_x[jj] = kernel_word<C>(strip, word0 + jj, 0, g, t);
+      b_y[jj] = kernel_word<C>(strip, word0 + jj, 1, g, t);
       const int blk = g / 2, q = 4 * (t / 2) + ((word0 + jj) ^ blk);
       m_off[jj] = ((C::A_STAGE + C::B_STAGE + strip * 32 + 8 * blk + q) * 4 + 2 * (g & 1) + (t & 1)) * 4;
     }
@@ -250,8 +231,11 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
   Row row[KT];
   auto lds_row = [&](int q) {
     Row& r = row[q];
-    lds_words(st + w.b_x + q * kBRow, r.wx);
-    lds_words(st + w.b_y + q * kBRow, r.wy);
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) {
+      r.wx[jj] = lds32(st + w.b_x[jj] + q * kBRow);
+      r.wy[jj] = lds32(st + w.b_y[jj] + q * kBRow);
+    }
     if (GROUPED && (!kKeep || q == 0 || (q & ((1 << lg_group) - 1)) == 0)) {
       const uint32_t so = st + w.s_off + (q >> lg_group) * kSRow;
       lds_words(so, r.vx);
@@ -316,38 +300,49 @@ __global__ void __launch_bounds__(C::THREADS, C::BLOCKS) gemm24_sm90_kernel(cons
 }
 
 // The warp-specialized 2:4 kernel (Sm90WsCfg, ws_tile): threads 0-255 compute (two warpgroups, a strip or a row
-// block each), the third warpgroup copies (ws_kernel): per stage its first thread issues the A tile as a tensor copy
-// per 64-deep panel charged to the slot's full barrier, and every copying thread its share of codes, metadata and
-// scales by Sm90Loader's cp.async (their swizzle keeps the computing lanes' loads conflict-free, which bulk copies
-// cannot), which arrives on the full barrier once they have landed (129 arrivals in all). Codes, metadata and scales
-// are read by plain shared loads, so no proxy fence is needed.
+// block each), the third warpgroup's first thread copies (ws_kernel): per stage one arrival on the slot's full barrier
+// with the stage's byte count, then the A tile as a tensor copy per 64-deep panel and a bulk copy per k32 row of codes
+// and of metadata (in the kernel order, kernel_word) and per scale row, charged to it. Codes, metadata and scales are
+// read by plain shared loads after the barrier, so no proxy fence is needed.
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     gemm24_sm90_ws_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(C::A_TMA, "the copying warpgroup's first thread copies the A tile, a tensor copy per panel");
   auto copy = [&](const Run& run, const WsRing& ring) {
-    Sm90Loader<C, GROUPED> loader(p, p.a + static_cast<int64_t>(run.chunk) * C::R * (p.k / 8), run.m_rows,
-                                  run.t_begin);
+    if (threadIdx.x != C::LOAD_TID0) return;
+    const int s_rows = GROUPED ? max(1, C::KT >> p.lg_group) : 0;  // scale rows a stage spans (groups of 32 and up)
+    const uint32_t bytes = (C::A_STAGE + C::B_STAGE + C::M_STAGE) * 16 + s_rows * C::W * 2;
+    const int b_row = p.n / 2, m_row = p.n / 4, s_row = p.n / 8;  // int4 per k32 row of codes, of metadata, per scale row
+    int col = run.t_begin / run.k_tiles, kt = run.t_begin - col * run.k_tiles;
     RingPos<C::STAGES> at;
 #pragma unroll 1
     for (int it = 0; it < run.n_iter; ++it) {
       mbar_wait(ring.empty0 + 8 * at.slot, at.phase ^ 1);  // the slot's last stage is done with (at once at first)
       const uint32_t st = ring.ring + at.slot * C::STAGE * 16, bar = ring.full0 + 8 * at.slot;
-      if (threadIdx.x == C::LOAD_TID0) {
-        mbar_expect(bar, C::A_STAGE * 16);
+      mbar_expect(bar, bytes);
 #pragma unroll
-        for (int pn = 0; pn < loader.PANELS; ++pn) {
-          tma_load_2d(st + pn * C::R * 128, &a_map, loader.ld_kt * C::DEPTH + 64 * pn, run.chunk * C::R, bar);
-        }
+      for (int pn = 0; pn < C::A_CHUNKS / 8; ++pn) {
+        tma_load_2d(st + pn * C::R * 128, &a_map, kt * C::DEPTH + 64 * pn, run.chunk * C::R, bar);
       }
-      loader.load(st);
-      cp_async_mbar_arrive(bar);
+      const int64_t row = static_cast<int64_t>(kt) * C::KT;  // the stage's first k32 row
+#pragma unroll
+      for (int q = 0; q < C::KT; ++q) {
+        bulk_copy(st + (C::A_STAGE + q * C::W / 2) * 16, p.b + (row + q) * b_row + col * C::W / 2, C::W * 8, bar);
+        bulk_copy(st + (C::A_STAGE + C::B_STAGE + q * C::W / 4) * 16, p.meta + (row + q) * m_row + col * C::W / 4,
+                  C::W * 4, bar);
+      }
+      for (int r = 0; r < s_rows; ++r) {
+        bulk_copy(st + (C::A_STAGE + C::B_STAGE + C::M_STAGE + r * C::W / 8) * 16,
+                  p.s + ((row >> p.lg_group) + r) * s_row + col * C::W / 8, C::W * 2, bar);
+      }
       at.next();
+      if (++kt == run.k_tiles) {
+        kt = 0;
+        ++col;
+      }
     }
-    cp_async_wait<0>();
   };
-  ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 128 + 1, copy, [&](int tid) {
+  ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 1, copy, [&](int tid) {
     const TileWords<C> w(tid);
     return [&p, w](uint32_t st, float (&acc)[2 * C::NS][C::ACC]) {
       compute_stage<C, GROUPED, false, 2>(st, w, p.lg_group, acc);  // two groups in flight (perf-log s17, s18)

@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModel, PreTrainedModel
 
 from marlin_cli.config import GROUP_SIZES
 from marlin_cli.errors import CheckpointError
+from marlin_cli.formats import marlin24
 from marlin_cli.io.checkpoint import Checkpoint, read_json_object
 from marlin_cli.kernel import ops, reference
 
@@ -19,7 +20,9 @@ from marlin_cli.kernel import ops, reference
 class MarlinLinear(nn.Module):
     """y = x @ dequant(B) + bias with a Marlin-packed 4-bit weight; the kernel on a GPU, the reference elsewhere.
 
-    Dense layers hold `B` (and `perm` with act-order); 2:4 layers (`sparse24`) hold `B_24` and `B_meta` instead.
+    Dense layers hold `B` (and `perm` with act-order); 2:4 layers (`sparse24`) hold `B_24` and `B_meta` instead, on a
+    GPU whose 2:4 kernels are the Hopper ones in those kernels' order (`prepare`); their state dict is always in the
+    stored order.
     """
 
     def __init__(
@@ -39,11 +42,38 @@ class MarlinLinear(nn.Module):
         self.bias: torch.Tensor | None
         self.register_buffer("perm", torch.empty(in_features, dtype=torch.int32) if act_order else None)
         self.register_buffer("bias", torch.empty(out_features) if bias else None)
+        self._kernel_order = False  # B_24 and B_meta in formats.marlin24's kernel order, not as stored
+
+    def prepare(self) -> None:
+        """Put a 2:4 layer's B_24 and B_meta in the order the 2:4 kernel of their device reads (ops.prepare24), in
+        place of the stored ones; load_quantized does it once the model is on its device, forward when it moved."""
+        if self.sparse24 and self._kernel_order != ops.kernel_order24(self.B_24.device):
+            convert = marlin24.from_kernel_order if self._kernel_order else marlin24.to_kernel_order
+            self.B_24, self.B_meta = convert(self.B_24, self.B_meta)  # rebinds the buffers: one layer's copy at a time
+            self._kernel_order = not self._kernel_order
+
+    def _stored(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return marlin24.from_kernel_order(self.B_24, self.B_meta) if self._kernel_order else (self.B_24, self.B_meta)
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._kernel_order:
+            destination[prefix + "B_24"], destination[prefix + "B_meta"] = self._stored()
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        if self._kernel_order:  # back to the stored order first: the state dict may hold only some of the tensors
+            self.B_24, self.B_meta = self._stored()
+            self._kernel_order = False
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = x.reshape(-1, self.in_features)
         a = a.to(torch.float16) if a.is_cuda else a
-        y = ops.gemm24(a, self.B_24, self.B_meta, self.s) if self.sparse24 else ops.gemm(a, self.B, self.s, self.perm)
+        if self.sparse24:
+            self.prepare()
+            y = ops.gemm24(a, ops.Weights24(self.B_24, self.B_meta, self._kernel_order), self.s)
+        else:
+            y = ops.gemm(a, self.B, self.s, self.perm)
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
@@ -52,7 +82,7 @@ class MarlinLinear(nn.Module):
     def dequantized_weight(self) -> torch.Tensor:
         """(N, K) float32 weight in the original input order, as a dense layer would hold it."""
         if self.sparse24:
-            return reference.dequantize24(self.B_24, self.B_meta, self.s).T
+            return reference.dequantize24(*self._stored(), self.s).T
         w = reference.dequantize(self.B, self.s)
         if self.perm is not None:
             w = torch.empty_like(w).index_copy_(0, self.perm.long(), w)
@@ -115,7 +145,11 @@ def load_quantized(path: Path, device: str | torch.device = "cpu") -> PreTrained
             f"{path}: tensors do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]})"
         )
-    return model.to(device).eval()
+    model.to(device).eval()
+    for module in model.modules():
+        if isinstance(module, MarlinLinear):
+            module.prepare()
+    return model
 
 
 def _is_tied(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -> bool:

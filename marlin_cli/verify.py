@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -56,11 +57,13 @@ def verify_checkpoint(path: Path, device: str | None = None, seed: int = 0) -> l
         expected = _expected_tensors(name, k, n, groups, bool(qc.get("desc_act")), sparse)
         check.problem = _tensor_problem(store, name, expected)
         if check.problem is None:
-            operands = [store.tensor(t).to(dev) for t in expected]  # the op's operands after a, in order
+            operands = [store.tensor(t).to(dev) for t in expected]  # the reference's operands after a, in order
+            # the kernel's: 2:4 codes and metadata in the order it reads them on this device
+            kernel_operands = [ops.prepare24(*operands[:2]), operands[2]] if sparse else operands
             batches = [(torch.rand(m, k, generator=gen) * 2 - 1).to(torch.float16).to(dev) for m in BATCH_SIZES]
             # one reference product for every batch size: the layer is unpacked and dequantized once
             wants = ref(torch.cat(batches).float(), *operands).split(BATCH_SIZES)
-            check.error = max(_product_error(op, a, want, operands) for a, want in zip(batches, wants))
+            check.error = max(_product_error(op, a, want, kernel_operands) for a, want in zip(batches, wants))
             check.passed = check.error <= TOLERANCE
             if not check.passed:
                 check.problem = f"kernel differs from the reference by {check.error:.2e} (> {TOLERANCE:.0e})"
@@ -118,9 +121,7 @@ def _tensor_problem(store: Checkpoint, name: str, expected: dict[str, tuple[str,
     return None
 
 
-def _product_error(
-    op: Callable[..., torch.Tensor], a: torch.Tensor, want: torch.Tensor, operands: list[torch.Tensor]
-) -> float:
+def _product_error(op: Callable[..., torch.Tensor], a: torch.Tensor, want: torch.Tensor, operands: list[Any]) -> float:
     """Worst-case check of one batch: op (kernel, or reference on the CPU) on a against the float32 reference."""
     got = torch.full_like(want, float("nan"), dtype=torch.float16)  # poisoned: an unwritten output cannot pass
     got.copy_(op(a, *operands))

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_kernel import SETS, dense_copies, make_spacer, sparse24_copies, time_alone_ms, time_ms  # noqa: E402
 
+from marlin_cli.formats import marlin24  # noqa: E402
 from marlin_cli.kernel import build, ops  # noqa: E402
 
 
@@ -78,6 +79,18 @@ def load_builds(dirs: list[Path]) -> dict[str, object]:
     return {"current": torch.ops.marlin_cli, **{n: getattr(torch.ops, f"marlin_cli_{n}") for n in names}}
 
 
+def kernel_order24(ops_ns: object) -> bool:
+    """Whether a build's 2:4 kernel reads its weights in formats.marlin24's kernel order on this GPU (builds from
+    before that order have no gemm24_kernel_order and read them as stored)."""
+    order = getattr(ops_ns, "gemm24_kernel_order", None)
+    return order is not None and bool(order(torch.cuda.current_device()))
+
+
+def in_order(copies: list, kernel_order: bool) -> list:
+    """2:4 weight copies (codes, metadata, scales; stored order) in the order a build reads."""
+    return [(*marlin24.to_kernel_order(b, m), s) for b, m, s in copies] if kernel_order else copies
+
+
 def launch(ops_ns: object, kind: str, a: torch.Tensor, weights: tuple, ws: torch.Tensor) -> torch.Tensor:
     """One product through a build's ops (torch.ops.marlin_cli or a variant's namespace)."""
     return ops_ns.gemm(a, *weights, None, ws) if kind == "dense" else ops_ns.gemm24(a, *weights, ws)
@@ -118,35 +131,39 @@ def main() -> None:
     ws = {name: current_ws if name == "current" else torch.zeros_like(current_ws) for name in builds}
     spacer = make_spacer(args.reps) if args.alone else None
     times: dict[tuple, list[float]] = {}
+    orders = {name: kernel_order24(ns) for name, ns in builds.items()}
     for set_name, shapes in sets.items():
         for k, n in shapes:
             group = k if args.group == -1 else args.group
-            # rotated copies: dense (codes, scales), 2:4 (kept codes, metadata, scales)
+            # rotated copies: dense (codes, scales), 2:4 (kept codes, metadata, scales) in each order a build reads
+            stored24 = sparse24_copies(k, n, group=group) if "24" in kinds else []
+            by_order = {order: in_order(stored24, order) for order in set(orders.values())}
+            dense = dense_copies(k, n, group=group) if "dense" in kinds else []
             weights = {
-                "dense": dense_copies(k, n, group=group) if "dense" in kinds else [],
-                "24": sparse24_copies(k, n, group=group) if "24" in kinds else [],
+                (kind, name): dense if kind == "dense" else by_order[orders[name]] for kind in kinds for name in builds
             }
+            del stored24
             for m in ms:
                 a = torch.randn(m, k, device="cuda").half()
                 for kind in kinds:
-                    copies = weights[kind]
+                    copies = weights[kind, "current"]
                     ref = launch(builds["current"], kind, a, copies[0], ws["current"]).float()
                     for name in names:
-                        out = launch(builds[name], kind, a, copies[0], ws[name]).float()
+                        out = launch(builds[name], kind, a, weights[kind, name][0], ws[name]).float()
                         err = ((out - ref).abs().max() / ref.abs().max()).item()
                         if err > 5e-3:
                             print(f"{name} differs from the current kernels: {kind} {k}x{n} m={m}, {err:.2e}")
                     order = list(builds)
                     for r in range(args.rounds):
                         for name in order if r % 2 == 0 else order[::-1]:
-                            fn = launcher(builds[name], kind, a, copies, ws[name])
+                            fn = launcher(builds[name], kind, a, weights[kind, name], ws[name])
                             t = (
                                 time_ms(fn, len(copies), args.reps)
                                 if spacer is None
                                 else time_alone_ms(fn, len(copies), args.reps, spacer)
                             )
                             times.setdefault((kind, set_name, k, n, m, name), []).append(t * 1e3)
-            del weights
+            del weights, by_order, dense
             torch.cuda.empty_cache()
 
     def mean(key: tuple) -> float:

@@ -169,7 +169,7 @@ def bench_layer(
     copies_h = n_copies(k * n * 2)
     ws = [] if only_ours else [torch.randn(n, k, device=dev).half() for _ in range(copies_h)]  # Linear weight (N, K)
     tiny = None if only_ours else tinygemm_weights(k, n)
-    sparse = sparse24_copies(k, n)
+    sparse = [(ops.prepare24(b24, meta), s24) for b24, meta, s24 in sparse24_copies(k, n)]
     rows = []
     for m in ms:
         a = torch.randn(m, k, device=dev).half()

@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.sparse24:
         a, b24, meta, s24 = random_operands24(args.m, args.k, args.n, args.group)
-        launch = functools.partial(ops.gemm24, a, b24, meta, s24)
+        launch = functools.partial(ops.gemm24, a, ops.prepare24(b24, meta), s24)
     else:
         a, b, s = random_operands(args.m, args.k, args.n, args.group)
         launch = functools.partial(ops.gemm, a, b, s)

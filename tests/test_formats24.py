@@ -188,7 +188,7 @@ def test_gemm24_on_cpu_runs_the_reference() -> None:
     codes = random_24_codes(256, 128, gen)
     packed = marlin24.pack(codes, (torch.rand(2, 128, generator=gen) + 0.5).half().float())
     a = torch.randn(3, 256, generator=gen)
-    c = ops.gemm24(a, packed["B_24"], packed["B_meta"], packed["s"])
+    c = ops.gemm24(a, ops.prepare24(packed["B_24"], packed["B_meta"]), packed["s"])
     assert torch.equal(c, reference.gemm24(a, packed["B_24"], packed["B_meta"], packed["s"]))
 
 
@@ -205,12 +205,43 @@ def test_gemm24_refuses_bad_shapes_before_any_launch(m: int, k: int, n: int, gro
     b24 = torch.zeros(max(k // 32, 1), 2 * n, dtype=torch.int32)
     meta = torch.zeros_like(b24, dtype=torch.int16)
     with pytest.raises(ShapeError, match=rule):
-        ops.gemm24(torch.zeros(m, k), b24, meta, torch.ones(groups, n))
+        ops.gemm24(torch.zeros(m, k), ops.prepare24(b24, meta), torch.ones(groups, n))
 
 
 def test_gemm24_refuses_mismatched_metadata() -> None:
-    b24 = torch.zeros(8, 256, dtype=torch.int32)
+    a, b24 = torch.zeros(1, 256), torch.zeros(8, 256, dtype=torch.int32)
     with pytest.raises(ShapeError, match="do not match"):
-        ops.gemm24(torch.zeros(1, 256), b24, torch.zeros(4, 256, dtype=torch.int16), torch.ones(1, 128))
+        ops.gemm24(a, ops.prepare24(b24, torch.zeros(4, 256, dtype=torch.int16)), torch.ones(1, 128))
     with pytest.raises(ShapeError, match="2-D"):
-        ops.gemm24(torch.zeros(1, 256), b24, torch.zeros(8, 256, 1, dtype=torch.int16), torch.ones(1, 128))
+        ops.gemm24(a, ops.prepare24(b24, torch.zeros(8, 256, 1, dtype=torch.int16)), torch.ones(1, 128))
+    with pytest.raises(TypeError, match="prepare24"):  # the codes alone, not prepare24's pair
+        ops.gemm24(a, b24, torch.ones(1, 128))
+
+
+def test_kernel_order_places_each_word_as_the_hopper_kernels_read_it() -> None:
+    """Stored word 4c + w of a strip's k32 row (word w of lane chunk c = 8g + 4h + t) lands at 64w + 32h +
+    (4g + t + 4h + 8w) % 32 (kernels/marlin24_sm90.cu, kernel_word); metadata chunk c at c ^ (c >> 3 & 3)."""
+    gen = torch.Generator().manual_seed(3)
+    b24 = torch.randint(-(2**31), 2**31 - 1, (4, 512), generator=gen, dtype=torch.int64).int()  # 2 strips
+    meta = torch.randint(-(2**15), 2**15 - 1, (4, 512), generator=gen, dtype=torch.int64).short()
+    kb, km = marlin24.to_kernel_order(b24, meta)
+    for row, strip, g, h, t, w in [(0, 0, 0, 0, 0, 0), (1, 0, 7, 1, 3, 3), (3, 1, 2, 0, 1, 2), (2, 1, 5, 1, 0, 1)]:
+        at = 256 * strip + 64 * w + 32 * h + (4 * g + t + 4 * h + 8 * w) % 32
+        assert kb[row, at] == b24[row, 256 * strip + 4 * (8 * g + 4 * h + t) + w]
+    for row, strip, c in [(0, 0, 0), (1, 1, 9), (3, 0, 26), (2, 1, 31)]:
+        to = 256 * strip + 8 * (c ^ (c >> 3 & 3))
+        assert torch.equal(km[row, to : to + 8], meta[row, 256 * strip + 8 * c : 256 * strip + 8 * c + 8])
+    back = marlin24.from_kernel_order(kb, km)
+    assert torch.equal(back[0], b24) and torch.equal(back[1], meta)
+    assert sorted(marlin24.kernel_word_perm().tolist()) == list(range(256))
+    with pytest.raises(ShapeError, match="multiple of 128"):
+        marlin24.to_kernel_order(b24[:, :128], meta[:, :128])
+
+
+def test_gemm24_on_cpu_takes_kernel_order_weights_too() -> None:
+    """Weights prepared for the Hopper kernels (a layer moved off such a GPU) still run through the reference."""
+    gen = torch.Generator().manual_seed(12)
+    packed = marlin24.pack(random_24_codes(256, 256, gen), (torch.rand(2, 256, generator=gen) + 0.5).half().float())
+    a = torch.randn(3, 256, generator=gen)
+    w = ops.Weights24(*marlin24.to_kernel_order(packed["B_24"], packed["B_meta"]), kernel_order=True)
+    assert torch.equal(ops.gemm24(a, w, packed["s"]), reference.gemm24(a, *packed.values()))

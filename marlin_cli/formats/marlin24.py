@@ -152,6 +152,57 @@ def pack(codes: torch.Tensor, scales: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"B_24": b24, "B_meta": meta, "s": s}
 
 
+@functools.cache
+def kernel_word_perm() -> torch.Tensor:
+    """The Hopper kernels' order of one k32 row of a 128-column strip of `B_24` (256 words): kernel = stored[perm].
+
+    Stored word 4c + w is word w of the 16-byte chunk c = 8g + 4h + t that lane (g, t) of an mma.sp warp reads. A
+    wgmma.sp warp reads word w of every chunk instead (one word per tile pair, kernels/marlin24_sm90.cu), so the kernel
+    order groups the words by w, 64 each, and within that by h, rotating each half by 4h + 8w so that the 32 lanes'
+    loads of a warp hit 32 banks: stored word 4c + w goes to 64w + 32h + (4g + t + 4h + 8w) % 32.
+    """
+    i = torch.arange(256)
+    c, w = i // 4, i % 4
+    g, h, t = c // 8, c // 4 % 2, c % 4
+    perm = torch.empty(256, dtype=torch.int64)
+    perm[64 * w + 32 * h + (4 * g + t + 4 * h + 8 * w) % 32] = i
+    return perm
+
+
+@functools.cache
+def kernel_meta_perm() -> torch.Tensor:
+    """The Hopper kernels' order of one k32 row of a 128-column strip of `B_meta` (32 chunks of 16 bytes): kernel =
+    stored[perm], chunk c at c ^ (c >> 3 & 3), so that the lanes' metadata loads hit 32 banks. Its own inverse."""
+    c = torch.arange(32)
+    return c ^ (c >> 3 & 3)
+
+
+def _permute_strips(b24: torch.Tensor, meta: torch.Tensor, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if b24.dim() != 2 or meta.shape != b24.shape or b24.shape[1] % 256:
+        raise ShapeError(
+            f"B_24 {tuple(b24.shape)}, B_meta {tuple(meta.shape)}: a 2:4 layer is B_24 int32 (K/32, 2N) with N a "
+            "multiple of 128 and B_meta int16 of the same shape"
+        )
+    words, chunks = kernel_word_perm().to(b24.device), kernel_meta_perm().to(meta.device)
+    if inverse:
+        words = torch.argsort(words)
+    b = b24.reshape(-1, 256)[:, words].reshape(b24.shape)
+    m = meta.reshape(-1, 32, 8)[:, chunks].reshape(meta.shape)
+    return b, m
+
+
+def to_kernel_order(b24: torch.Tensor, meta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`B_24` and `B_meta` as the Hopper (wgmma.sp) kernels read them: new tensors, every 128-column strip's k32 rows
+    permuted (kernel_word_perm, kernel_meta_perm). The checkpoint keeps the stored order, which the mma.sp kernel
+    reads; this one lets the Hopper kernels copy whole rows into shared memory as they lie."""
+    return _permute_strips(b24, meta, inverse=False)
+
+
+def from_kernel_order(b24: torch.Tensor, meta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact inverse of `to_kernel_order`."""
+    return _permute_strips(b24, meta, inverse=True)
+
+
 def unpack(b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact inverse of `pack`: (uint8 codes (K, N) with unstored positions = 8, float32 scales (G, N)), on the
     device of the inputs."""

@@ -1,6 +1,7 @@
 """Typed wrappers of the kernel ops: CUDA tensors run through the bundled kernels, CPU tensors through `reference`.
 
-`gemm` takes the dense Marlin layout, `gemm24` the 2:4 one. There is no silent fallback on a GPU: if the kernels
+`gemm` takes the dense Marlin layout, `gemm24` the 2:4 one, its codes and metadata as `prepare24` returns them (on
+Hopper GPUs in the kernels' own order). There is no silent fallback on a GPU: if the kernels
 cannot be built, both raise KernelUnavailable. `gptq_block` runs GPTQ's column loop (algo/gptq.py) and `clip_scales`
 its clipping search of fixed scales (algo/scales.py), together `KERNELS`; the solve keeps its torch loops wherever
 `solver_problem` names a reason.
@@ -9,6 +10,7 @@ its clipping search of fixed scales (algo/scales.py), together `KERNELS`; the so
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 import torch
 
@@ -16,6 +18,7 @@ from marlin_cli.algo.gptq import PRUNE_M, FixedMask, Kernels, Prune, saliency_pr
 from marlin_cli.algo.scales import CLIP_FACTORS, absmax, clip_candidates
 from marlin_cli.config import GROUP_SIZES as CONFIG_GROUP_SIZES
 from marlin_cli.errors import KernelUnavailable, ShapeError
+from marlin_cli.formats import marlin24
 from marlin_cli.kernel import build, reference
 
 # Mirrors kernels/marlin.h: two fp32 partial tiles of 64 x 256 per block (both kernels), then two counters per block.
@@ -27,6 +30,7 @@ _lock = threading.Lock()
 _workspaces: dict[int, torch.Tensor] = {}
 _fake_registered = False
 _solver_problems: dict[int, str | None] = {}
+_kernel_orders: dict[int, bool] = {}
 GPTQ_MAX_COLS = 128  # columns one gptq_block launch holds per row (kernels/gptq.h, kGptqMaxCols)
 _PRUNE_NONE, _PRUNE_SALIENCY, _PRUNE_MASK = 0, 1, 2  # kernels/gptq.h, kPrune*
 CLIP_MAX_CANDIDATES = 40  # kernels/gptq.h, kClipMaxCandidates
@@ -170,21 +174,62 @@ def gemm(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.Tensor |
     return torch.ops.marlin_cli.gemm(a, b, s, perm, workspace(a.device))
 
 
-def gemm24(a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """C (M, N) = A @ dequant24(B): A (M, K) fp16, B_24 int32 (K/32, 2N) and B_meta int16 (K/32, 2N) in the 2:4
-    layout (formats/marlin24.py), s fp16 (K/g, N).
+class Weights24(NamedTuple):
+    """A 2:4 layer's kept codes (`B_24`) and metadata (`B_meta`) as `gemm24` takes them (`prepare24`)."""
+
+    b24: torch.Tensor
+    meta: torch.Tensor
+    kernel_order: bool  # in formats.marlin24's kernel order (the Hopper kernels'), else as stored
+
+
+def kernel_order24(device: torch.device | str) -> bool:
+    """Whether `gemm24` on `device` reads B_24 and B_meta in formats.marlin24's kernel order (its Hopper kernels)
+    rather than as a checkpoint stores them (the mma.sp kernel; the reference on the CPU)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _kernel_orders:
+        _ensure_loaded()
+        _kernel_orders[index] = bool(torch.ops.marlin_cli.gemm24_kernel_order(index))
+    return _kernel_orders[index]
+
+
+def prepare24(b24: torch.Tensor, meta: torch.Tensor) -> Weights24:
+    """A checkpoint's B_24 and B_meta in the order `gemm24` reads them on their device: permuted copies where the
+    Hopper kernels run (formats.marlin24.to_kernel_order: they then copy whole rows into shared memory as they lie,
+    perf-log ko1), the tensors themselves elsewhere. Made once per layer, when it is loaded."""
+    if kernel_order24(b24.device):
+        return Weights24(*marlin24.to_kernel_order(b24, meta), kernel_order=True)
+    return Weights24(b24, meta, kernel_order=False)
+
+
+def gemm24(a: torch.Tensor, w: Weights24, s: torch.Tensor) -> torch.Tensor:
+    """C (M, N) = A @ dequant24(B): A (M, K) fp16, B_24 int32 (K/32, 2N) and B_meta int16 (K/32, 2N) of the 2:4
+    layout (formats/marlin24.py) as `prepare24` returns them, s fp16 (K/g, N).
 
     K % 128 == 0, N % 128 == 0, g in {32, 64, 128} or one row of per-channel scales. CUDA tensors run through the
     2:4 kernel (KernelUnavailable if it cannot be built), CPU tensors through the reference. Shares `gemm`'s
     workspace: calls on different streams of one device must not overlap. As in `gemm`, the kernel launched just
-    before must not write b24, meta or s.
+    before must not write the weights or s.
     """
+    if not isinstance(w, Weights24):
+        raise TypeError("gemm24 takes the layer's codes and metadata as prepare24(b24, meta) returns them")
+    b24, meta = w.b24, w.meta
     check_shapes24(a, b24, meta, s)
     if a.device.type != "cuda":
+        if w.kernel_order:
+            b24, meta = marlin24.from_kernel_order(b24, meta)
         return reference.gemm24(a, b24, meta, s)
     typed = {"a": (a, torch.float16), "s": (s, torch.float16), "b24": (b24, torch.int32), "meta": (meta, torch.int16)}
     _check_operands("gemm24", typed)
     _ensure_loaded()
+    if w.kernel_order != kernel_order24(a.device):
+        orders = ("the stored order", "the Hopper kernels' order")
+        raise ShapeError(
+            f"gemm24: the weights are in {orders[w.kernel_order]} but the 2:4 kernel on {a.device} reads "
+            f"{orders[not w.kernel_order]}: pass the stored B_24 and B_meta through prepare24 on that device"
+        )
     return torch.ops.marlin_cli.gemm24(a, b24, meta, s, workspace(a.device))
 
 

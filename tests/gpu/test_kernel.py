@@ -170,7 +170,8 @@ def test_chained_layers_read_the_previous_output(m: int, graph: bool) -> None:
             weights.append(dequantize_gpu(b, s / 4))
         else:
             _, b24, meta, s24 = random_operands24(1, k, n, 128, seed=i)
-            layers.append(lambda a, b24=b24, meta=meta, s24=s24 / 4: ops.gemm24(a, b24, meta, s24))
+            w24 = ops.prepare24(b24, meta)
+            layers.append(lambda a, w=w24, s24=s24 / 4: ops.gemm24(a, w, s24))
             weights.append(reference.dequantize24(b24, meta, s24 / 4))
     a = torch.randn(m, shapes[0][0], generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").half()
 
@@ -306,7 +307,7 @@ def test_split_strips_are_added_by_a_second_kernel() -> None:
         split = _kernels_launched(m, k, n)
         assert "add_parts_kernel" in split, f"m={m}: {split}"
     a, b24, meta, s24 = random_operands24(16, 4096, 128, 128)
-    assert "add_parts_kernel" in kernels_launched(lambda: ops.gemm24(a, b24, meta, s24))
+    assert "add_parts_kernel" in kernels_launched(lambda: ops.gemm24(a, ops.prepare24(b24, meta), s24))
     for m in (1, 65, 256):
         whole = _kernels_launched(m, 128, wide)
         assert "add_parts_kernel" not in whole, f"m={m}: {whole}"
@@ -327,7 +328,7 @@ def test_parts_bands_split_where_their_block_does_not_fit() -> None:
     assert "Sm90Cfg<16, 256, 2>" in dense16 and _parts_blocks_per_band(dense16) == [2], dense16
     assert "Sm90Cfg<32, 256, 2>" in dense32 and _parts_blocks_per_band(dense32) == [1], dense32
     a, b24, meta, s24 = random_operands24(16, 4096, 12288, 128)
-    sparse16 = kernels_launched(lambda: ops.gemm24(a, b24, meta, s24))
+    sparse16 = kernels_launched(lambda: ops.gemm24(a, ops.prepare24(b24, meta), s24))
     assert "Sm90Cfg<256, 16, 2>" in sparse16 and _parts_blocks_per_band(sparse16) == [1], sparse16
 
 

@@ -21,6 +21,7 @@ from gpu_helpers import block_slots, kernels_launched, poison, random_operands24
 from marlin_cli.errors import ShapeError
 from marlin_cli.formats import marlin24
 from marlin_cli.kernel import build, ops, reference
+from marlin_cli.nn import MarlinLinear
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +44,7 @@ def _check(m: int, k: int, n: int, group: int) -> float:
     a = torch.randn(m, k, generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").half()
     ref = a.float() @ w
     poison(m, n)
-    c = ops.gemm24(a, b24, meta, s)
+    c = ops.gemm24(a, ops.prepare24(b24, meta), s)
     torch.cuda.synchronize()
     assert c.shape == (m, n) and c.dtype == torch.float16
     err = rel_error(c, ref)
@@ -69,7 +70,7 @@ def test_against_reference_module(group: int) -> None:
     packed = {name: t.cuda() for name, t in marlin24.pack(codes, scales).items()}
     a = torch.randn(33, 512, device="cuda").half()
     poison(33, 384)
-    c = ops.gemm24(a, packed["B_24"], packed["B_meta"], packed["s"])
+    c = ops.gemm24(a, ops.prepare24(packed["B_24"], packed["B_meta"]), packed["s"])
     ref = reference.gemm24(a.cpu().float(), *(t.cpu() for t in packed.values()))
     assert rel_error(c.cpu(), ref) <= TOL
 
@@ -121,7 +122,8 @@ def test_large_m() -> None:
 
 def _kernels_launched(m: int, n: int, k: int = 256) -> str:
     a, b24, meta, s = random_operands24(m, k, n, 128)
-    return kernels_launched(lambda: ops.gemm24(a, b24, meta, s))
+    w = ops.prepare24(b24, meta)
+    return kernels_launched(lambda: ops.gemm24(a, w, s))
 
 
 def test_hopper_runs_the_wgmma_sp_kernel() -> None:
@@ -203,13 +205,14 @@ def test_long_runs_add_their_parts_in_the_kernel(m: int, k: int, n: int, group: 
     if torch.cuda.get_device_capability() != (9, 0) or block_slots() != 2 * 132:
         pytest.skip("the partition above is the H200's (132 SMs)")
     a, b24, meta, s = random_operands24(m, k, n, group, seed=m + n)
-    launched = kernels_launched(lambda: ops.gemm24(a, b24, meta, s))
+    w = ops.prepare24(b24, meta)
+    launched = kernels_launched(lambda: ops.gemm24(a, w, s))
     assert "Sm90WsCfg<" in launched and "add_parts_kernel" not in launched, launched
-    first = ops.gemm24(a, b24, meta, s)
+    first = ops.gemm24(a, w, s)
     assert rel_error(first, a.float() @ reference.dequantize24(b24, meta, s)) <= TOL
     for _ in range(3):
         poison(m, n)
-        assert torch.equal(ops.gemm24(a, b24, meta, s), first)
+        assert torch.equal(ops.gemm24(a, w, s), first)
 
 
 @pytest.mark.parametrize(
@@ -219,32 +222,61 @@ def test_long_runs_add_their_parts_in_the_kernel(m: int, k: int, n: int, group: 
 def test_repeatable(m: int, k: int, n: int) -> None:
     """Partial sums are added in a fixed order, so repeated launches give bit-identical outputs."""
     a, b24, meta, s = random_operands24(m, k, n, 128, seed=5)
-    first = ops.gemm24(a, b24, meta, s)
+    w = ops.prepare24(b24, meta)
+    first = ops.gemm24(a, w, s)
     for _ in range(3):
         poison(m, n)
-        assert torch.equal(ops.gemm24(a, b24, meta, s), first)
+        assert torch.equal(ops.gemm24(a, w, s), first)
 
 
 def test_bad_operands() -> None:
     a, b24, meta, s = random_operands24(4, 256, 128, 128)
+    w = ops.prepare24(b24, meta)
     with pytest.raises(ShapeError, match="do not fit"):
-        ops.gemm24(a, b24, meta, torch.ones(3, 128, dtype=torch.float16, device="cuda"))
+        ops.gemm24(a, w, torch.ones(3, 128, dtype=torch.float16, device="cuda"))
     with pytest.raises(ShapeError, match="float16"):
-        ops.gemm24(a.float(), b24, meta, s)
+        ops.gemm24(a.float(), w, s)
     with pytest.raises(ShapeError, match="int16"):
-        ops.gemm24(a, b24, meta.int(), s)
+        ops.gemm24(a, w._replace(meta=w.meta.int()), s)
     with pytest.raises(ShapeError, match="contiguous"):
-        ops.gemm24(torch.randn(256, 4, device="cuda").half().t(), b24, meta, s)
+        ops.gemm24(torch.randn(256, 4, device="cuda").half().t(), w, s)
     with pytest.raises(ShapeError, match="do not match"):
-        ops.gemm24(a, b24[:4], meta[:4], s)
+        ops.gemm24(a, w._replace(b24=w.b24[:4], meta=w.meta[:4]), s)
     with pytest.raises(ShapeError, match="multiple of 128"):
-        ops.gemm24(a, b24[:, :128], meta[:, :128], s[:, :64].contiguous())
+        ops.gemm24(a, w._replace(b24=w.b24[:, :128], meta=w.meta[:, :128]), s[:, :64].contiguous())
+    with pytest.raises(ShapeError, match="multiple of 128"):
+        ops.prepare24(b24[:, :128], meta[:, :128])
+    with pytest.raises(ShapeError, match="prepare24"):  # weights in the other order than this device's kernel reads
+        ops.gemm24(a, w._replace(kernel_order=not w.kernel_order), s)
+    with pytest.raises(TypeError, match="prepare24"):  # the codes alone, not prepare24's pair
+        ops.gemm24(a, b24, s)
+
+
+def test_marlin_linear_keeps_its_state_dict_in_the_stored_order() -> None:
+    """On the H200 a 2:4 MarlinLinear holds B_24 and B_meta in the Hopper kernels' order once prepared; its state dict,
+    its dequantized weight, a reload and a move back to the CPU all see the stored order."""
+    _, b24, meta, s = random_operands24(1, 512, 256, 128, seed=9)
+    stored = {"B_24": b24, "B_meta": meta, "s": s}
+    layer = MarlinLinear(512, 256, 4, act_order=False, bias=False, sparse24=True).cuda()
+    layer.load_state_dict(stored)
+    layer.prepare()
+    assert ops.kernel_order24(b24.device) and not torch.equal(layer.B_24, b24)  # in the kernels' order now
+    x = torch.randn(5, 512, device="cuda").half()
+    want = x.float() @ reference.dequantize24(b24, meta, s)
+    assert rel_error(layer(x), want) <= TOL
+    assert all(torch.equal(t, stored[name]) for name, t in layer.state_dict().items())
+    assert torch.equal(layer.dequantized_weight(), reference.dequantize24(b24, meta, s).T)
+    layer.load_state_dict(stored)  # while in the kernels' order: loaded as stored, prepared again on use
+    assert rel_error(layer(x), want) <= TOL
+    layer.cpu()
+    assert rel_error(layer(x.cpu().float()), want.cpu()) <= TOL
 
 
 def test_opcheck() -> None:
     a, b24, meta, s = random_operands24(17, 512, 256, 128)
-    ops.gemm24(a, b24, meta, s)  # builds, loads and registers the fake
-    torch.library.opcheck(torch.ops.marlin_cli.gemm24.default, (a, b24, meta, s, ops.workspace(a.device)))
+    w = ops.prepare24(b24, meta)
+    ops.gemm24(a, w, s)  # builds, loads and registers the fake
+    torch.library.opcheck(torch.ops.marlin_cli.gemm24.default, (a, w.b24, w.meta, s, ops.workspace(a.device)))
 
 
 def test_metadata_registers_are_rewritten_late():
