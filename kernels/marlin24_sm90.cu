@@ -44,16 +44,20 @@ namespace sparse24 {
 
 using namespace detail;
 
-// Byte offset in a stage of word w of chunk 8g + 4h + t of strip s's k32 row 0 of B_24 in the kernel order
-// (marlin_cli.formats.marlin24.to_kernel_order, made when a layer is loaded): each (strip, word) a block of 64 words,
-// the h = 0 and h = 1 halves rotated so that a computing warp's 32 lanes (one word w, lane (g, t): one word per half)
-// hit 32 banks. The metadata's kernel order is its 16-byte chunks swizzled within each 128 columns (chunk c at
-// c ^ (c >> 3 & 3)), so that the lanes' metadata loads (TileWords::m_off) are conflict-free too. Stages hold both as
-// they lie in memory, so the one-warpgroup kernels copy them by 16-byte cp.async and the warp-specialized one by bulk
-// copies.
+// The kernel order of B_24 and B_meta (marlin_cli.formats.marlin24.to_kernel_order, made when a layer is loaded):
+// blocks of one 128-column strip's four k32 rows of a 128-deep tile, tile by tile and strip by strip within a tile
+// (kTileB int4 of codes and kTileM of metadata per tile and strip). In a k32 row of codes each (strip, word) is a
+// run of 64 words, the h = 0 and h = 1 halves rotated so that a computing warp's 32 lanes (one word w, lane (g, t):
+// one word per half) hit 32 banks; the metadata's 16-byte chunks are swizzled within each row of a strip (chunk c at
+// c ^ (c >> 3 & 3)), so that the lanes' metadata loads (TileWords::m_off) are conflict-free too. Stages hold codes
+// and metadata strip by strip, row by row, as they lie in memory: the warp-specialized kernel copies a stage's codes
+// and metadata by a bulk copy each, the one-warpgroup kernels (stages of 2, 4 or 8 k32 rows) by 16-byte cp.async.
+constexpr int kTileB = 4 * 64, kTileM = 4 * 32;
+
+// Byte offset in a stage of word w of chunk 8g + 4h + t of strip s's k32 row 0 of the stage (row q adds 1024 bytes).
 template <class C>
 __device__ __forceinline__ uint32_t kernel_word(int s, int w, int h, int g, int t) {
-  return (C::A_STAGE * 4 + s * 256 + w * 64 + h * 32 + ((4 * g + t + 4 * h + 8 * w) & 31)) * 4;
+  return (C::A_STAGE * 4 + s * C::KT * 256 + w * 64 + h * 32 + ((4 * g + t + 4 * h + 8 * w) & 31)) * 4;
 }
 
 // Copies of one stage for the one-warpgroup kernels: the A tile (R rows x A_CHUNKS chunks as 64-deep panels of R
@@ -66,12 +70,11 @@ struct Sm90Loader {
   static constexpr int PANELS = C::A_CHUNKS / 8;  // 64-deep panels of the A tile
   static constexpr int A_ROWS = C::R < 16 ? C::R : 16, A_PP = 16 / A_ROWS;  // rows and panels per pass
   static constexpr int B_PER = C::B_STAGE / T;
-  static constexpr int B_ROWS = T / (C::W / 2);  // k32 rows per pass of the B copy
   static constexpr int M_PER = (C::M_STAGE + T - 1) / T;
-  static constexpr int M_ROWS = T / (C::W / 4);  // k32 rows per pass of the metadata copy
   static constexpr int S_PER = (C::S_STAGE + T - 1) / T;  // scale rows: KT at most (groups of 32)
   static constexpr int S_ROWS = T / (C::W / 8);
-  static_assert(C::B_STAGE % T == 0 && B_ROWS >= 1, "whole passes");
+  static_assert(C::B_STAGE % T == 0 && C::KT % 2 == 0, "whole passes, two k32 rows of codes each");
+  static_assert(C::M_STAGE <= T || C::KT % 4 == 0, "passes of four whole k32 rows of metadata");
   static_assert(C::M_STAGE <= T || C::M_STAGE % T == 0, "whole passes");
   static_assert((C::R % 16 == 0 || C::R == 8) && PANELS % A_PP == 0, "16 rows of a panel or 8 of two per pass");
   static_assert(C::S_STAGE <= T || C::S_STAGE % T == 0, "whole passes");
@@ -82,7 +85,7 @@ struct Sm90Loader {
   const int4* a_g;
   int a_src, a_rows;  // A: this thread's chunk of row r0 (panel 0), and the rows that exist from r0 on
   uint32_t a_dst, b_dst, m_dst, s_dst;
-  int m_src, s_src;  // chunk offsets within a k32 row of metadata / a scale row
+  int s_src;  // chunk offset within a scale row
   bool s_copy[S_PER];
   int ld_col, ld_kt;  // next tile to load
 
@@ -93,9 +96,8 @@ struct Sm90Loader {
     a_src = r * (p.k / 8) + j;
     a_rows = m_rows - r;
     a_dst = a_panel_chunk<C::R>(r, j) * 16;
-    // B: chunk e = tid + i * THREADS of the stage is chunk e % (W / 2) of k32 row e / (W / 2) (load)
+    // codes and metadata: chunk e = tid + i * T of the stage's (load)
     b_dst = (C::A_STAGE + tid) * 16;
-    m_src = (tid / (C::W / 4)) * (p.n / 4) + tid % (C::W / 4);
     m_dst = (C::A_STAGE + C::B_STAGE + tid) * 16;
     // scales: max(1, KT >> lg_group) rows per stage, the first being the stage's first k32 row >> lg_group
     const int s_chunks = max(1, C::KT >> p.lg_group) * (C::W / 8);
@@ -114,17 +116,26 @@ struct Sm90Loader {
     const bool weights = what != Copies::kActs, acts = what != Copies::kWeights;
     const int a_tile = (what == Copies::kActs ? kt : ld_kt) * C::A_CHUNKS;
     if (weights) {
-      const int4* b = p.b + static_cast<int64_t>(row + tid / (C::W / 2)) * (p.n / 2) + ld_col * (C::W / 2) +
-                      tid % (C::W / 2);
+      // Chunk e = tid + i * T of the stage's codes is chunk e % 64 of row q = e / 64 % KT of strip e / 64 / KT, of its
+      // metadata chunk e % 32 of row e / 32 % KT of strip e / 32 / KT; rows 4 apart lie a tile of every strip apart.
+      // A pass's first row q0 and strip are constants, and tid adds less than 4 - q0 % 4 rows to it (KT is even,
+      // and at least 4 where the metadata takes more than one pass), so the offset is a constant plus tid.
+      const int64_t tile_b = int64_t{kTileB} * (p.n / 128), tile_m = int64_t{kTileM} * (p.n / 128);
+      const int strip0 = ld_col * C::STRIPS;
+      const int4* b = p.b + (row >> 2) * tile_b + strip0 * kTileB + (row & 3) * 64 + tid;
 #pragma unroll
-      for (int i = 0; i < B_PER; ++i) cp_async16(st + b_dst + i * T * 16, b + i * B_ROWS * (p.n / 2));
-    }
-    if (weights) {
+      for (int i = 0; i < B_PER; ++i) {
+        constexpr int kRows = T / 64;
+        const int q0 = i * kRows % C::KT, s = i * kRows / C::KT;
+        cp_async16(st + b_dst + i * T * 16, b + (q0 >> 2) * tile_b + s * kTileB + (q0 & 3) * 64);
+      }
+      const int4* m = p.meta + (row >> 2) * tile_m + strip0 * kTileM + (row & 3) * 32 + tid;
 #pragma unroll
       for (int i = 0; i < M_PER; ++i) {
+        constexpr int kRows = T / 32;
+        const int q0 = i * kRows % C::KT, s = i * kRows / C::KT;
         if (C::M_STAGE >= T || tid < C::M_STAGE) {  // fewer chunks than threads: one pass, some threads
-          cp_async16(st + m_dst + i * T * 16,
-                     p.meta + static_cast<int64_t>(row + i * M_ROWS) * (p.n / 4) + ld_col * (C::W / 4) + m_src);
+          cp_async16(st + m_dst + i * T * 16, m + (q0 >> 2) * tile_m + s * kTileM + (q0 & 3) * 32);
         }
       }
     }
@@ -193,7 +204,7 @@ struct TileWords {
       b_x[jj] = kernel_word<C>(strip, word0 + jj, 0, g, t);
       b_y[jj] = kernel_word<C>(strip, word0 + jj, 1, g, t);
       const int blk = g / 2, q = 4 * (t / 2) + ((word0 + jj) ^ blk);
-      m_off[jj] = ((C::A_STAGE + C::B_STAGE + strip * 32 + 8 * blk + q) * 4 + 2 * (g & 1) + (t & 1)) * 4;
+      m_off[jj] = ((C::A_STAGE + C::B_STAGE + strip * C::KT * 32 + 8 * blk + q) * 4 + 2 * (g & 1) + (t & 1)) * 4;
     }
     s_off = (C::A_STAGE + C::B_STAGE + C::M_STAGE + strip * 16 + 2 * g) * 16 + 4 * word0;
   }
@@ -214,7 +225,7 @@ template <class C, bool GROUPED, bool DRAIN, int L, int U>
 __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w, int lg_group,
                                               float (&acc)[U][C::ACC]) {
   constexpr int J = U / 2, KT = C::KT;
-  constexpr uint32_t kBRow = C::W / 2 * 16, kMRow = C::W / 4 * 16, kSRow = C::W / 8 * 16;
+  constexpr uint32_t kBRow = 64 * 16, kMRow = 32 * 16, kSRow = C::W / 8 * 16;  // a k32 row of a strip; of scales
   static_assert(L >= 1 && L < KT, "a wait leaves 1 to KT - 1 groups in flight, so a stage's last L + 1 fit in it");
   struct Row {
     uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
@@ -308,11 +319,13 @@ template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     gemm24_sm90_ws_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(C::KT == 4, "a stage is one 128-deep tile of the kernel order");
   auto copy = [&](const Run& run, const WsRing& ring) {
     if (threadIdx.x != C::LOAD_TID0) return;
     const int s_rows = GROUPED ? max(1, C::KT >> p.lg_group) : 0;  // scale rows a stage spans (groups of 32 and up)
     const uint32_t bytes = (C::A_STAGE + C::B_STAGE + C::M_STAGE) * 16 + s_rows * C::W * 2;
-    const int b_row = p.n / 2, m_row = p.n / 4, s_row = p.n / 8;  // int4 per k32 row of codes, of metadata, per scale row
+    const int64_t tile_b = int64_t{kTileB} * (p.n / 128), tile_m = int64_t{kTileM} * (p.n / 128);
+    const int s_row = p.n / 8;  // int4 per scale row
     int col = run.t_begin / run.k_tiles, kt = run.t_begin - col * run.k_tiles;
     RingPos<C::STAGES> at;
 #pragma unroll 1
@@ -325,12 +338,9 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
         tma_load_2d(st + pn * C::R * 128, &a_map, kt * C::DEPTH + 64 * pn, run.chunk * C::R, bar);
       }
       const int64_t row = static_cast<int64_t>(kt) * C::KT;  // the stage's first k32 row
-#pragma unroll
-      for (int q = 0; q < C::KT; ++q) {
-        bulk_copy(st + (C::A_STAGE + q * C::W / 2) * 16, p.b + (row + q) * b_row + col * C::W / 2, C::W * 8, bar);
-        bulk_copy(st + (C::A_STAGE + C::B_STAGE + q * C::W / 4) * 16, p.meta + (row + q) * m_row + col * C::W / 4,
-                  C::W * 4, bar);
-      }
+      bulk_copy(st + C::A_STAGE * 16, p.b + kt * tile_b + col * C::STRIPS * kTileB, C::B_STAGE * 16, bar);
+      bulk_copy(st + (C::A_STAGE + C::B_STAGE) * 16, p.meta + kt * tile_m + col * C::STRIPS * kTileM, C::M_STAGE * 16,
+                bar);
       for (int r = 0; r < s_rows; ++r) {
         bulk_copy(st + (C::A_STAGE + C::B_STAGE + C::M_STAGE + r * C::W / 8) * 16,
                   p.s + ((row >> p.lg_group) + r) * s_row + col * C::W / 8, C::W * 2, bar);

@@ -219,19 +219,21 @@ def test_gemm24_refuses_mismatched_metadata() -> None:
 
 
 def test_kernel_order_places_each_word_as_the_hopper_kernels_read_it() -> None:
-    """Stored word 4c + w of a strip's k32 row (word w of lane chunk c = 8g + 4h + t) lands at 64w + 32h +
-    (4g + t + 4h + 8w) % 32 (kernels/marlin24_sm90.cu, kernel_word); metadata chunk c at c ^ (c >> 3 & 3)."""
+    """Stored word 4c + w of k32 row r of a strip (word w of lane chunk c = 8g + 4h + t) lands in the (tile r // 4,
+    strip, row r % 4) block of 256 words at 64w + 32h + (4g + t + 4h + 8w) % 32 (kernels/marlin24_sm90.cu,
+    kernel_word); metadata chunk c of the row in its block at c ^ (c >> 3 & 3)."""
     gen = torch.Generator().manual_seed(3)
-    b24 = torch.randint(-(2**31), 2**31 - 1, (4, 512), generator=gen, dtype=torch.int64).int()  # 2 strips
-    meta = torch.randint(-(2**15), 2**15 - 1, (4, 512), generator=gen, dtype=torch.int64).short()
-    kb, km = marlin24.to_kernel_order(b24, meta)
-    for row, strip, g, h, t, w in [(0, 0, 0, 0, 0, 0), (1, 0, 7, 1, 3, 3), (3, 1, 2, 0, 1, 2), (2, 1, 5, 1, 0, 1)]:
-        at = 256 * strip + 64 * w + 32 * h + (4 * g + t + 4 * h + 8 * w) % 32
-        assert kb[row, at] == b24[row, 256 * strip + 4 * (8 * g + 4 * h + t) + w]
-    for row, strip, c in [(0, 0, 0), (1, 1, 9), (3, 0, 26), (2, 1, 31)]:
-        to = 256 * strip + 8 * (c ^ (c >> 3 & 3))
-        assert torch.equal(km[row, to : to + 8], meta[row, 256 * strip + 8 * c : 256 * strip + 8 * c + 8])
-    back = marlin24.from_kernel_order(kb, km)
+    b24 = torch.randint(-(2**31), 2**31 - 1, (8, 512), generator=gen, dtype=torch.int64).int()  # 2 tiles, 2 strips
+    meta = torch.randint(-(2**15), 2**15 - 1, (8, 512), generator=gen, dtype=torch.int64).short()
+    kb, km = (t.flatten() for t in marlin24.to_kernel_order(b24, meta))
+    for row, strip, g, h, t, w in [(0, 0, 0, 0, 0, 0), (1, 0, 7, 1, 3, 3), (6, 1, 2, 0, 1, 2), (7, 1, 5, 1, 0, 1)]:
+        block = 256 * (2 * 4 * (row // 4) + 4 * strip + row % 4)
+        at = block + 64 * w + 32 * h + (4 * g + t + 4 * h + 8 * w) % 32
+        assert kb[at] == b24[row, 256 * strip + 4 * (8 * g + 4 * h + t) + w]
+    for row, strip, c in [(0, 0, 0), (1, 1, 9), (5, 0, 26), (6, 1, 31)]:
+        to = 256 * (2 * 4 * (row // 4) + 4 * strip + row % 4) + 8 * (c ^ (c >> 3 & 3))
+        assert torch.equal(km[to : to + 8], meta[row, 256 * strip + 8 * c : 256 * strip + 8 * c + 8])
+    back = marlin24.from_kernel_order(*marlin24.to_kernel_order(b24, meta))
     assert torch.equal(back[0], b24) and torch.equal(back[1], meta)
     assert sorted(marlin24.kernel_word_perm().tolist()) == list(range(256))
     with pytest.raises(ShapeError, match="multiple of 128"):

@@ -178,23 +178,27 @@ def kernel_meta_perm() -> torch.Tensor:
 
 
 def _permute_strips(b24: torch.Tensor, meta: torch.Tensor, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    if b24.dim() != 2 or meta.shape != b24.shape or b24.shape[1] % 256:
+    if b24.dim() != 2 or meta.shape != b24.shape or b24.shape[1] % 256 or b24.shape[0] % 4:
         raise ShapeError(
-            f"B_24 {tuple(b24.shape)}, B_meta {tuple(meta.shape)}: a 2:4 layer is B_24 int32 (K/32, 2N) with N a "
-            "multiple of 128 and B_meta int16 of the same shape"
+            f"B_24 {tuple(b24.shape)}, B_meta {tuple(meta.shape)}: a 2:4 layer is B_24 int32 (K/32, 2N) with K a "
+            "multiple of 128 and N a multiple of 128, and B_meta int16 of the same shape"
         )
     words, chunks = kernel_word_perm().to(b24.device), kernel_meta_perm().to(meta.device)
+    tiles, strips = b24.shape[0] // 4, b24.shape[1] // 256
     if inverse:
-        words = torch.argsort(words)
-    b = b24.reshape(-1, 256)[:, words].reshape(b24.shape)
-    m = meta.reshape(-1, 32, 8)[:, chunks].reshape(meta.shape)
-    return b, m
+        b = b24.reshape(tiles, strips, 4, 256).transpose(1, 2)[..., torch.argsort(words)]
+        m = meta.reshape(tiles, strips, 4, 32, 8).transpose(1, 2)[..., chunks, :]
+    else:
+        b = b24.reshape(tiles, 4, strips, 256)[..., words].transpose(1, 2)
+        m = meta.reshape(tiles, 4, strips, 32, 8)[..., chunks, :].transpose(1, 2)
+    return b.reshape(b24.shape).contiguous(), m.reshape(meta.shape).contiguous()
 
 
 def to_kernel_order(b24: torch.Tensor, meta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`B_24` and `B_meta` as the Hopper (wgmma.sp) kernels read them: new tensors, every 128-column strip's k32 rows
-    permuted (kernel_word_perm, kernel_meta_perm). The checkpoint keeps the stored order, which the mma.sp kernel
-    reads; this one lets the Hopper kernels copy whole rows into shared memory as they lie."""
+    """`B_24` and `B_meta` as the Hopper (wgmma.sp) kernels read them: new tensors, each 128-column strip's k32 rows
+    permuted (kernel_word_perm, kernel_meta_perm) and the four rows of each 128-deep tile of a strip put together
+    (tile, strip, row of the four). The checkpoint keeps the stored order, which the mma.sp kernel reads; this one
+    lets the Hopper kernels copy a tile's codes and metadata into shared memory as they lie, a bulk copy each."""
     return _permute_strips(b24, meta, inverse=False)
 
 
