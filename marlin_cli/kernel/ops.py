@@ -197,8 +197,8 @@ def kernel_order24(device: torch.device | str) -> bool:
 
 def prepare24(b24: torch.Tensor, meta: torch.Tensor) -> Weights24:
     """A checkpoint's B_24 and B_meta in the order `gemm24` reads them on their device: permuted copies where the
-    Hopper kernels run (formats.marlin24.to_kernel_order: they then copy whole rows into shared memory as they lie,
-    perf-log ko1), the tensors themselves elsewhere. Made once per layer, when it is loaded."""
+    Hopper kernels run (formats.marlin24.to_kernel_order: they then copy whole tiles into shared memory as they lie,
+    perf-log ko1, ko2), the tensors themselves elsewhere. Made once per layer, when it is loaded."""
     if kernel_order24(b24.device):
         return Weights24(*marlin24.to_kernel_order(b24, meta), kernel_order=True)
     return Weights24(b24, meta, kernel_order=False)
