@@ -326,17 +326,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     const uint32_t bytes = (C::A_STAGE + C::B_STAGE + C::M_STAGE) * 16 + s_rows * C::W * 2;
     const int64_t tile_b = int64_t{kTileB} * (p.n / 128), tile_m = int64_t{kTileM} * (p.n / 128);
     const int s_row = p.n / 8;  // int4 per scale row
-    int col = run.t_begin / run.k_tiles, kt = run.t_begin - col * run.k_tiles;
-    RingPos<C::STAGES> at;
-#pragma unroll 1
-    for (int it = 0; it < run.n_iter; ++it) {
-      mbar_wait(ring.empty0 + 8 * at.slot, at.phase ^ 1);  // the slot's last stage is done with (at once at first)
-      const uint32_t st = ring.ring + at.slot * C::STAGE * 16, bar = ring.full0 + 8 * at.slot;
-      mbar_expect(bar, bytes);
-#pragma unroll
-      for (int pn = 0; pn < C::A_CHUNKS / 8; ++pn) {
-        tma_load_2d(st + pn * C::R * 128, &a_map, kt * C::DEPTH + 64 * pn, run.chunk * C::R, bar);
-      }
+    auto weights = [&](uint32_t st, uint32_t bar, int col, int kt) {
       const int64_t row = static_cast<int64_t>(kt) * C::KT;  // the stage's first k32 row
       bulk_copy(st + C::A_STAGE * 16, p.b + kt * tile_b + col * C::STRIPS * kTileB, C::B_STAGE * 16, bar);
       bulk_copy(st + (C::A_STAGE + C::B_STAGE) * 16, p.meta + kt * tile_m + col * C::STRIPS * kTileM, C::M_STAGE * 16,
@@ -345,6 +335,31 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
         bulk_copy(st + (C::A_STAGE + C::B_STAGE + C::M_STAGE + r * C::W / 8) * 16,
                   p.s + ((row >> p.lg_group) + r) * s_row + col * C::W / 8, C::W * 2, bar);
       }
+    };
+    auto acts = [&](uint32_t st, uint32_t bar, int kt) {
+#pragma unroll
+      for (int pn = 0; pn < C::A_CHUNKS / 8; ++pn) {
+        tma_load_2d(st + pn * C::R * 128, &a_map, kt * C::DEPTH + 64 * pn, run.chunk * C::R, bar);
+      }
+    };
+    int col = run.t_begin / run.k_tiles, kt = run.t_begin - col * run.k_tiles;
+    // the first stage's weights before the wait for the previous kernel (it never writes them: a model's weights are
+    // written when it is loaded), its A tile after it; more stages ahead were slower (perf-log pw3)
+    if (run.n_iter > 0) {
+      mbar_expect(ring.full0, bytes);
+      weights(ring.ring, ring.full0, col, kt);
+    }
+    grid_dependency_wait();
+    RingPos<C::STAGES> at;
+#pragma unroll 1
+    for (int it = 0; it < run.n_iter; ++it) {
+      mbar_wait(ring.empty0 + 8 * at.slot, at.phase ^ 1);  // the slot's last stage is done with (at once at first)
+      const uint32_t st = ring.ring + at.slot * C::STAGE * 16, bar = ring.full0 + 8 * at.slot;
+      if (it > 0) {
+        mbar_expect(bar, bytes);
+        weights(st, bar, col, kt);
+      }
+      acts(st, bar, kt);
       at.next();
       if (++kt == run.k_tiles) {
         kt = 0;

@@ -189,6 +189,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   auto copy = [&](const Run& run, const WsRing& ring) {
     if (threadIdx.x != C::THREADS) return;
+    grid_dependency_wait();
     const int s_rows = max(1, C::KT >> p.lg_group);
     const uint32_t bytes = (C::A_STAGE + C::B_STAGE) * 16 + (GROUPED ? s_rows * C::STRIPS * 128 : 0);
     const int b_row = p.n / 2, s_row = p.n / 8;  // int4 per k16 row of weights, per scale row

@@ -534,7 +534,8 @@ struct RingPos {
 };
 
 // A warp-specialized kernel for config C with J wgmma tiles of accumulators per computing thread. copy(run, ring)
-// runs on every thread of the copying warpgroup, after it has given registers back; on the computing threads
+// runs on every thread of the copying warpgroup, after it has given registers back, and waits for the previous kernel
+// (grid_dependency_wait) before it copies anything that kernel may write; on the computing threads
 // compute_for(tid) makes the per-stage function compute(st, acc), which retires all but at most its last wgmma group.
 // Per tile of the run they wait for its stage, compute it, release the previous one's slot, and wgmma_finish at the
 // end of each column strip the run reaches, adding split strips' parts there when the host set p.flags (own_parts();
@@ -560,15 +561,16 @@ __device__ __forceinline__ void ws_kernel(const Params& p, uint32_t full_count, 
     mbar_init_fence();
   }
   __syncthreads();
-  // as pipeline() does: let the next kernel start now if this grid takes every SM, then wait for the previous one
-  // (with no weights ahead of the wait, unlike pipeline(): the whole ring's ahead was level, perf-log pw1)
+  // as pipeline() does: let the next kernel start now if this grid takes every SM, then wait for the previous one;
+  // copy waits itself, so that it may issue weights first (the 2:4 kernel's first stage, perf-log pw3; a whole
+  // ring's ahead was level or slower, pw1, pw3)
   if (p.early_dependents) allow_dependents();
-  grid_dependency_wait();
   if (tid >= C::THREADS) {
     setmaxnreg_dec<C::COPY_REGS>();
     copy(run, r);
     return;
   }
+  grid_dependency_wait();
 
   setmaxnreg_inc<C::COMPUTE_REGS>();
   const auto compute = compute_for(tid);
