@@ -13,7 +13,7 @@
 // the two sparsity selectors. A warpgroup instruction takes 16 rows from each warp, so a warp reads word j of every
 // chunk: these kernels read B_24 and B_meta in a kernel order made once, when a layer is loaded (kernel_word; the
 // checkpoint keeps the stored order, which the mma.sp kernel reads), so that stages can hold them as they lie in
-// memory and the lanes' loads are conflict-free (perf-log ko1). In the one-warpgroup kernel's R x 256 tiles warp
+// memory and the lanes' loads are conflict-free (perf-log ko1, ko2). In the one-warpgroup kernel's R x 256 tiles warp
 // w = 2s + h takes strip s of the block's two and tiles j = 2h, 2h + 1 of it: four m64nRk32 per k32 row cover the
 // block's 256 columns. With R x 128 tiles (layers too narrow for
 // 256-column tiles to fill the GPU, as the dense kernel's) warp w takes word j = w of the one strip's chunks, and
@@ -25,12 +25,12 @@
 // Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes R x 256 tiles, R = 96 up to m = 96 and 128
 // above: two computing warpgroups, one strip each (warp w its word w % 4, two m64nRk32 per k32 row), and a copying
 // warpgroup whose first thread copies each stage, as the dense one does above m = 32 (marlin_sm90.cu): the A tile by
-// tensor copies, codes, metadata and scales by bulk copies. On layers too narrow for 256-column tiles it takes R x 128 ones: both computing warpgroups on
-// the one strip, each on its row block of R / 2 rows (two m64n(R/2)k32 per k32 row). At m = 33-64 it takes 64 x 256
-// tiles (two m64n64k32 per warpgroup and k32 row), where the one-warpgroup kernel keeps only the 64 x 128 ones
-// (perf-log w10). Its blocks write whole strips to C through shared memory (store_staged: this column map's 2-byte
-// stores from the registers put each value in a sector of its own) and add split strips' parts themselves where runs
-// are long (own_parts), as the dense ones do (perf-log s21, s22).
+// tensor copies, codes, metadata and scales by bulk copies. On layers too narrow for 256-column tiles it takes R x 128
+// ones: both computing warpgroups on the one strip, each on its row block of R / 2 rows (two m64n(R/2)k32 per k32
+// row). At m = 33-64 it takes 64 x 256 tiles (two m64n64k32 per warpgroup and k32 row), where the one-warpgroup kernel
+// keeps only the 64 x 128 ones (perf-log w10). Its blocks write whole strips to C through shared memory
+// (store_staged: this column map's 2-byte stores from the registers put each value in a sector of its own) and add
+// split strips' parts themselves where runs are long (own_parts), as the dense ones do (perf-log s21, s22).
 //
 // Everything else is the dense wgmma kernels': the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
@@ -312,9 +312,10 @@ __global__ void __launch_bounds__(C::THREADS, C::BLOCKS) gemm24_sm90_kernel(cons
 
 // The warp-specialized 2:4 kernel (Sm90WsCfg, ws_tile): threads 0-255 compute (two warpgroups, a strip or a row
 // block each), the third warpgroup's first thread copies (ws_kernel): per stage one arrival on the slot's full barrier
-// with the stage's byte count, then the A tile as a tensor copy per 64-deep panel and a bulk copy per k32 row of codes
-// and of metadata (in the kernel order, kernel_word) and per scale row, charged to it. Codes, metadata and scales are
-// read by plain shared loads after the barrier, so no proxy fence is needed.
+// with the stage's byte count, then one bulk copy of the tile's codes and one of its metadata (the kernel order lays a
+// tile of the block's strips out as one run of each), one per scale row, and the A tile as a tensor copy per 64-deep
+// panel, all charged to it; the first stage's weights before the wait for the previous kernel, its A tile after it.
+// Codes, metadata and scales are read by plain shared loads after the barrier, so no proxy fence is needed.
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     gemm24_sm90_ws_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
