@@ -54,6 +54,13 @@ using namespace detail;
 // and metadata by a bulk copy each, the one-warpgroup kernels (stages of 2, 4 or 8 k32 rows) by 16-byte cp.async.
 constexpr int kTileB = 4 * 64, kTileM = 4 * 32;
 
+// Where k32 row `row` of 128-column strip `strip` begins in the kernel order, in int4 from `base`: TILE is kTileB for
+// the codes, kTileM for the metadata; n is the layer's column count.
+template <int TILE>
+__device__ __forceinline__ const int4* kernel_row(const int4* base, int n, int strip, int row) {
+  return base + (row >> 2) * (int64_t{TILE} * (n / 128)) + strip * TILE + (row & 3) * (TILE / 4);
+}
+
 // Byte offset in a stage of word w of chunk 8g + 4h + t of strip s's k32 row 0 of the stage (row q adds 1024 bytes).
 template <class C>
 __device__ __forceinline__ uint32_t kernel_word(int s, int w, int h, int g, int t) {
@@ -120,22 +127,21 @@ struct Sm90Loader {
       // metadata chunk e % 32 of row e / 32 % KT of strip e / 32 / KT; rows 4 apart lie a tile of every strip apart.
       // A pass's first row q0 and strip are constants, and tid adds less than 4 - q0 % 4 rows to it (KT is even,
       // and at least 4 where the metadata takes more than one pass), so the offset is a constant plus tid.
-      const int64_t tile_b = int64_t{kTileB} * (p.n / 128), tile_m = int64_t{kTileM} * (p.n / 128);
       const int strip0 = ld_col * C::STRIPS;
-      const int4* b = p.b + (row >> 2) * tile_b + strip0 * kTileB + (row & 3) * 64 + tid;
+      const int4* b = kernel_row<kTileB>(p.b, p.n, strip0, row) + tid;
 #pragma unroll
       for (int i = 0; i < B_PER; ++i) {
         constexpr int kRows = T / 64;
         const int q0 = i * kRows % C::KT, s = i * kRows / C::KT;
-        cp_async16(st + b_dst + i * T * 16, b + (q0 >> 2) * tile_b + s * kTileB + (q0 & 3) * 64);
+        cp_async16(st + b_dst + i * T * 16, kernel_row<kTileB>(b, p.n, s, q0));
       }
-      const int4* m = p.meta + (row >> 2) * tile_m + strip0 * kTileM + (row & 3) * 32 + tid;
+      const int4* m = kernel_row<kTileM>(p.meta, p.n, strip0, row) + tid;
 #pragma unroll
       for (int i = 0; i < M_PER; ++i) {
         constexpr int kRows = T / 32;
         const int q0 = i * kRows % C::KT, s = i * kRows / C::KT;
         if (C::M_STAGE >= T || tid < C::M_STAGE) {  // fewer chunks than threads: one pass, some threads
-          cp_async16(st + m_dst + i * T * 16, m + (q0 >> 2) * tile_m + s * kTileM + (q0 & 3) * 32);
+          cp_async16(st + m_dst + i * T * 16, kernel_row<kTileM>(m, p.n, s, q0));
         }
       }
     }
@@ -325,13 +331,12 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     if (threadIdx.x != C::LOAD_TID0) return;
     const int s_rows = GROUPED ? max(1, C::KT >> p.lg_group) : 0;  // scale rows a stage spans (groups of 32 and up)
     const uint32_t bytes = (C::A_STAGE + C::B_STAGE + C::M_STAGE) * 16 + s_rows * C::W * 2;
-    const int64_t tile_b = int64_t{kTileB} * (p.n / 128), tile_m = int64_t{kTileM} * (p.n / 128);
     const int s_row = p.n / 8;  // int4 per scale row
     auto weights = [&](uint32_t st, uint32_t bar, int col, int kt) {
       const int64_t row = static_cast<int64_t>(kt) * C::KT;  // the stage's first k32 row
-      bulk_copy(st + C::A_STAGE * 16, p.b + kt * tile_b + col * C::STRIPS * kTileB, C::B_STAGE * 16, bar);
-      bulk_copy(st + (C::A_STAGE + C::B_STAGE) * 16, p.meta + kt * tile_m + col * C::STRIPS * kTileM, C::M_STAGE * 16,
-                bar);
+      bulk_copy(st + C::A_STAGE * 16, kernel_row<kTileB>(p.b, p.n, col * C::STRIPS, kt * C::KT), C::B_STAGE * 16, bar);
+      bulk_copy(st + (C::A_STAGE + C::B_STAGE) * 16, kernel_row<kTileM>(p.meta, p.n, col * C::STRIPS, kt * C::KT),
+                C::M_STAGE * 16, bar);
       for (int r = 0; r < s_rows; ++r) {
         bulk_copy(st + (C::A_STAGE + C::B_STAGE + C::M_STAGE + r * C::W / 8) * 16,
                   p.s + ((row >> p.lg_group) + r) * s_row + col * C::W / 8, C::W * 2, bar);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,8 @@ class MarlinLinear(nn.Module):
     """y = x @ dequant(B) + bias with a Marlin-packed 4-bit weight; the kernel on a GPU, the reference elsewhere.
 
     Dense layers hold `B` (and `perm` with act-order); 2:4 layers (`sparse24`) hold `B_24` and `B_meta` instead, on a
-    GPU whose 2:4 kernels are the Hopper ones in those kernels' order (`prepare`); their state dict is always in the
-    stored order.
+    GPU whose 2:4 kernels are the Hopper ones in those kernels' order (`prepare`, on every move and load); their state
+    dict is always in the stored order.
     """
 
     def __init__(
@@ -46,11 +47,17 @@ class MarlinLinear(nn.Module):
 
     def prepare(self) -> None:
         """Put a 2:4 layer's B_24 and B_meta in the order the 2:4 kernel of their device reads (ops.prepare24), in
-        place of the stored ones; load_quantized does it once the model is on its device, forward when it moved."""
+        place of the stored ones. Moves (`.to`, `.cuda`, `.cpu`) and state-dict loads call it, so that forward
+        changes no state (CUDA graph capture, torch.compile)."""
         if self.sparse24 and self._kernel_order != ops.kernel_order24(self.B_24.device):
             convert = marlin24.from_kernel_order if self._kernel_order else marlin24.to_kernel_order
             self.B_24, self.B_meta = convert(self.B_24, self.B_meta)  # rebinds the buffers: one layer's copy at a time
             self._kernel_order = not self._kernel_order
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> MarlinLinear:
+        super()._apply(fn, recurse)
+        self.prepare()
+        return self
 
     def _stored(self) -> tuple[torch.Tensor, torch.Tensor]:
         return marlin24.from_kernel_order(self.B_24, self.B_meta) if self._kernel_order else (self.B_24, self.B_meta)
@@ -65,12 +72,12 @@ class MarlinLinear(nn.Module):
             self.B_24, self.B_meta = self._stored()
             self._kernel_order = False
         super()._load_from_state_dict(state_dict, prefix, *args)
+        self.prepare()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = x.reshape(-1, self.in_features)
         a = a.to(torch.float16) if a.is_cuda else a
         if self.sparse24:
-            self.prepare()
             y = ops.gemm24(a, ops.Weights24(self.B_24, self.B_meta, self._kernel_order), self.s)
         else:
             y = ops.gemm(a, self.B, self.s, self.perm)
@@ -145,11 +152,7 @@ def load_quantized(path: Path, device: str | torch.device = "cpu") -> PreTrained
             f"{path}: tensors do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]})"
         )
-    model.to(device).eval()
-    for module in model.modules():
-        if isinstance(module, MarlinLinear):
-            module.prepare()
-    return model
+    return model.to(device).eval()  # MarlinLinear puts 2:4 weights in their kernels' order as they move
 
 
 def _is_tied(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -> bool:

@@ -253,23 +253,27 @@ def test_bad_operands() -> None:
 
 
 def test_marlin_linear_keeps_its_state_dict_in_the_stored_order() -> None:
-    """On the H200 a 2:4 MarlinLinear holds B_24 and B_meta in the Hopper kernels' order once prepared; its state dict,
-    its dequantized weight, a reload and a move back to the CPU all see the stored order."""
+    """On the H200 a 2:4 MarlinLinear holds B_24 and B_meta in the Hopper kernels' order from the moment they are on
+    the GPU (a load, a move); its forward changes nothing; its state dict, its dequantized weight, a reload and a move
+    back to the CPU all see the stored order."""
     _, b24, meta, s = random_operands24(1, 512, 256, 128, seed=9)
     stored = {"B_24": b24, "B_meta": meta, "s": s}
     layer = MarlinLinear(512, 256, 4, act_order=False, bias=False, sparse24=True).cuda()
     layer.load_state_dict(stored)
-    layer.prepare()
     assert ops.kernel_order24(b24.device) and not torch.equal(layer.B_24, b24)  # in the kernels' order now
     x = torch.randn(5, 512, device="cuda").half()
     want = x.float() @ reference.dequantize24(b24, meta, s)
+    held = layer.B_24.data_ptr(), layer.B_meta.data_ptr()
     assert rel_error(layer(x), want) <= TOL
+    assert (layer.B_24.data_ptr(), layer.B_meta.data_ptr()) == held  # forward converted nothing
     assert all(torch.equal(t, stored[name]) for name, t in layer.state_dict().items())
     assert torch.equal(layer.dequantized_weight(), reference.dequantize24(b24, meta, s).T)
-    layer.load_state_dict(stored)  # while in the kernels' order: loaded as stored, prepared again on use
-    assert rel_error(layer(x), want) <= TOL
+    layer.load_state_dict(stored)  # while in the kernels' order: loaded as stored, then put in that order again
+    assert not torch.equal(layer.B_24, b24) and rel_error(layer(x), want) <= TOL
     layer.cpu()
-    assert rel_error(layer(x.cpu().float()), want.cpu()) <= TOL
+    assert torch.equal(layer.B_24, b24.cpu()) and rel_error(layer(x.cpu().float()), want.cpu()) <= TOL
+    layer.cuda()  # and back: the kernels' order again
+    assert not torch.equal(layer.B_24, b24) and rel_error(layer(x), want) <= TOL
 
 
 def test_opcheck() -> None:
