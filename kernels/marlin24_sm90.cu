@@ -333,13 +333,13 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     const uint32_t bytes = (C::A_STAGE + C::B_STAGE + C::M_STAGE) * 16 + s_rows * C::W * 2;
     const int s_row = p.n / 8;  // int4 per scale row
     auto weights = [&](uint32_t st, uint32_t bar, int col, int kt) {
-      const int64_t row = static_cast<int64_t>(kt) * C::KT;  // the stage's first k32 row
-      bulk_copy(st + C::A_STAGE * 16, kernel_row<kTileB>(p.b, p.n, col * C::STRIPS, kt * C::KT), C::B_STAGE * 16, bar);
-      bulk_copy(st + (C::A_STAGE + C::B_STAGE) * 16, kernel_row<kTileM>(p.meta, p.n, col * C::STRIPS, kt * C::KT),
-                C::M_STAGE * 16, bar);
+      const int row = kt * C::KT, strip0 = col * C::STRIPS;  // the stage's first k32 row and 128-column strip
+      bulk_copy(st + C::A_STAGE * 16, kernel_row<kTileB>(p.b, p.n, strip0, row), C::B_STAGE * 16, bar);
+      bulk_copy(st + (C::A_STAGE + C::B_STAGE) * 16, kernel_row<kTileM>(p.meta, p.n, strip0, row), C::M_STAGE * 16,
+                bar);
       for (int r = 0; r < s_rows; ++r) {
         bulk_copy(st + (C::A_STAGE + C::B_STAGE + C::M_STAGE + r * C::W / 8) * 16,
-                  p.s + ((row >> p.lg_group) + r) * s_row + col * C::W / 8, C::W * 2, bar);
+                  p.s + static_cast<int64_t>((row >> p.lg_group) + r) * s_row + col * C::W / 8, C::W * 2, bar);
       }
     };
     auto acts = [&](uint32_t st, uint32_t bar, int kt) {
