@@ -386,13 +386,12 @@ struct Sm90Cfg {
   static_assert(SMEM <= detail::sm90_smem(BLOCKS), "BLOCKS blocks per SM");
   static_assert(detail::sm90_blocks_fit(BLOCKS, R, W, DEPTH), "blocks per SM: sm90_blocks_fit");
 };
-// The warp-specialized 2:4 kernel for m > 32 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): R-row chunks (128, 96
-// up to m = 96, 64 up to m = 64) by W columns, one block per SM of two computing warpgroups and one copying warpgroup
-// (its first thread: the A tile by a tensor copy per 64-deep panel, the rest by bulk copies), a ring of 128-deep
-// stages. At
+// The warp-specialized 2:4 kernel for m > 32 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): R-row chunks (128, 96 up
+// to m = 96, 64 up to m = 64) by W columns, one block per SM of two computing warpgroups and one copying warpgroup (its
+// first thread: the A tile by a tensor copy per 64-deep panel, the rest by bulk copies), a ring of 128-deep stages. At
 // W = 256 each computing warpgroup takes one 128-column strip on all R rows (two m64nRk32 per k32 row); at W = 128
-// (layers too narrow for 256-column tiles, R = 96 or 128) both take the one strip, each on its R / 2 rows (a row
-// block: two m64n(R/2)k32), since in this lane layout a strip's columns cannot be split between warpgroups.
+// (layers too narrow for 256-column tiles, R = 96 or 128) both take the one strip, each on its R / 2 rows (a row block:
+// two m64n(R/2)k32), since in this lane layout a strip's columns cannot be split between warpgroups.
 template <int W_, int R_>
 struct Sm90WsCfg : detail::WsBlock {
   static constexpr int LOAD_TID0 = THREADS;  // the copying warpgroup's first thread: every copy of a stage

@@ -12,15 +12,14 @@
 // values of tile (j, p) (p = 0, 1: the low and high nibble pairs), and the metadata word j serves both tiles through
 // the two sparsity selectors. A warpgroup instruction takes 16 rows from each warp, so a warp reads word j of every
 // chunk: these kernels read B_24 and B_meta in a kernel order made once, when a layer is loaded (kernel_word; the
-// checkpoint keeps the stored order, which the mma.sp kernel reads), so that stages can hold them as they lie in
-// memory and the lanes' loads are conflict-free (perf-log ko1, ko2). In the one-warpgroup kernel's R x 256 tiles warp
-// w = 2s + h takes strip s of the block's two and tiles j = 2h, 2h + 1 of it: four m64nRk32 per k32 row cover the
-// block's 256 columns. With R x 128 tiles (layers too narrow for
-// 256-column tiles to fill the GPU, as the dense kernel's) warp w takes word j = w of the one strip's chunks, and
-// two m64nRk32 cover its 128 columns. Tile (j, p)'s rows g, g + 8 are output columns 16g + j + 4p (+ 8) of its
-// strip. Stages are 64 deep for R = 64 (m = 33-64, 128 columns only), 128 for R = 32 (m = 17-32) and 128 or, at 256
-// columns, 256 for R = 16 and 8 (m <= 16: perf-log s10, s11, s24; m <= 8 on most layers: r8), the A tile in 64-deep
-// swizzle panels.
+// checkpoint keeps the stored order, which the mma.sp kernel reads), so that stages can hold them as they lie in memory
+// and the lanes' loads are conflict-free (perf-log ko1, ko2). In the one-warpgroup kernel's R x 256 tiles warp w = 2s +
+// h takes strip s of the block's two and tiles j = 2h, 2h + 1 of it: four m64nRk32 per k32 row cover the block's 256
+// columns. With R x 128 tiles (layers too narrow for 256-column tiles to fill the GPU, as the dense kernel's) warp w
+// takes word j = w of the one strip's chunks, and two m64nRk32 cover its 128 columns. Tile (j, p)'s rows g, g + 8 are
+// output columns 16g + j + 4p (+ 8) of its strip. Stages are 64 deep for R = 64 (m = 33-64, 128 columns only), 128 for
+// R = 32 (m = 17-32) and 128 or, at 256 columns, 256 for R = 16 and 8 (m <= 16: perf-log s10, s11, s24; m <= 8 on most
+// layers: r8), the A tile in 64-deep swizzle panels.
 //
 // Above m = 64 the warp-specialized kernel (gemm24_sm90_ws_kernel) takes R x 256 tiles, R = 96 up to m = 96 and 128
 // above: two computing warpgroups, one strip each (warp w its word w % 4, two m64nRk32 per k32 row), and a copying
