@@ -386,18 +386,20 @@ struct Sm90Cfg {
   static_assert(SMEM <= detail::sm90_smem(BLOCKS), "BLOCKS blocks per SM");
   static_assert(detail::sm90_blocks_fit(BLOCKS, R, W, DEPTH), "blocks per SM: sm90_blocks_fit");
 };
-// The warp-specialized 2:4 kernel for m > 32 (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): R-row chunks (128, 96 up
-// to m = 96, 64 up to m = 64) by W columns, one block per SM of two computing warpgroups and one copying warpgroup (its
-// first thread: the A tile by a tensor copy per 64-deep panel, the rest by bulk copies), a ring of 128-deep stages. At
-// W = 256 each computing warpgroup takes one 128-column strip on all R rows (two m64nRk32 per k32 row); at W = 128
-// (layers too narrow for 256-column tiles, R = 96 or 128) both take the one strip, each on its R / 2 rows (a row block:
-// two m64n(R/2)k32), since in this lane layout a strip's columns cannot be split between warpgroups.
+// The warp-specialized 2:4 kernel (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): R-row chunks (128, 96 up to m =
+// 96, 64 up to m = 64; 16, or 8 for m <= 8, on long runs: ws_small_tiles) by W columns, one block per SM of two
+// computing warpgroups and one copying warpgroup (its first thread: the A tile by a tensor copy per 64-deep panel, the
+// rest by bulk copies), a ring of 128-deep stages. At W = 512 (m <= 16) each computing warpgroup takes two 128-column
+// strips (four m64nRk32 per k32 row, the one-warpgroup kernels' 256-column share), at W = 256 one strip on all R rows
+// (two); at W = 128 (layers too narrow for 256-column tiles, R = 96 or 128) both take the one strip, each on its R / 2
+// rows (a row block: two m64n(R/2)k32), since in this lane layout a strip's columns cannot be split between warpgroups.
 template <int W_, int R_>
 struct Sm90WsCfg : detail::WsBlock {
   static constexpr int LOAD_TID0 = THREADS;  // the copying warpgroup's first thread: every copy of a stage
+  static constexpr int BLOCKS = 1;           // per SM
   static constexpr int R = R_, W = W_;
   static constexpr int STRIPS = W / 128;
-  static constexpr int NS = 1;  // the packed words a warp takes of each chunk
+  static constexpr int NS = STRIPS > CONSUMERS ? STRIPS / CONSUMERS : 1;  // the packed words a warp takes of each chunk
   static constexpr int KT = 4, DEPTH = 32 * KT, A_CHUNKS = 4 * KT;  // 128 deep (perf-log s18)
   static constexpr int A_STAGE = R * A_CHUNKS;
   static constexpr int B_STAGE = KT * W / 2;
@@ -406,19 +408,33 @@ struct Sm90WsCfg : detail::WsBlock {
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;
   // Whole strips go to C through shared memory, 64 rows per round (store_staged): from the registers, this column
   // map's 2-byte stores put each value in a 32-byte sector of its own (perf-log s21).
-  static constexpr int C_ROWS = 64;
+  static constexpr int C_ROWS = R < 64 ? 16 : 64;
   static constexpr int C_STAGING = C_ROWS * W * 2;  // bytes, after the ring
   static constexpr int STAGES = detail::sm90_ws_stages_fit(STAGE, C_STAGING);
   static constexpr int SMEM = STAGES * STAGE * 16 + C_STAGING + 1024;
-  static constexpr int ACC = R / 2 / (CONSUMERS / STRIPS);  // accumulators per thread per wgmma: its rows x 64 / 128
-  static_assert((W == 256 && (R == 64 || R == 96 || R == 128)) || (W == 128 && (R == 96 || R == 128)),
-                "one strip for both computing warpgroups (a row block of R / 2 each), or one each");
+  // accumulators per thread per wgmma: its rows x 64 / 128
+  static constexpr int ACC = STRIPS >= CONSUMERS ? R / 2 : R / 2 / (CONSUMERS / STRIPS);
+  static_assert((W == 512 && (R == 8 || R == 16)) || (W == 256 && (R == 64 || R == 96 || R == 128)) ||
+                    (W == 128 && (R == 96 || R == 128)),
+                "one strip for both computing warpgroups (a row block of R / 2 each), one each, or two each");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");
   static_assert(R * W <= kMaxBlocksPerSm * kMaxTileElems, "one block per SM: its partial tile takes two blocks' slots");
 };
 // Whether the wgmma.sp kernel's rows x cols tiles run on the warp-specialized block (Sm90WsCfg, one block per SM):
-// from 96 rows, and 64 x 256 (64 x 128 tiles keep the one-warpgroup block, two per SM: perf-log w10).
-inline bool ws_tile(int rows, int cols) { return rows > 64 || (rows == 64 && cols == 256); }
+// from 96 rows, 64 x 256 (64 x 128 tiles keep the one-warpgroup block, two per SM: perf-log w10) and the 512-column
+// tiles of m <= 16.
+inline bool ws_tile(int rows, int cols) { return rows > 64 || (rows == 64 && cols == 256) || cols == 512; }
+// Whether m <= 16 takes the warp-specialized kernel's 512-column tiles on an n x k layer over `sms` SMs: where one
+// block per SM gets runs of at least 16 tiles (128 deep) and adds its split strips' parts itself (own_parts). The
+// computing warpgroups then run the one-warpgroup 256-column blocks' chains, two per SM as those do, without their
+// block barrier and cp.async (one thread's bulk and tensor copies; three stages' weights ahead of the wait for the
+// previous kernel). On runs of 21-101 tiles 0-8% faster at m = 1-8 and 6-18% at m = 16; on runs of 6-11, or with
+// add_parts_kernel (28672 x 8192, runs of 28 on strips of 224), 4-27% slower (perf-log ws16).
+inline bool ws_small_tiles(int n, int k, int sms) {
+  if (n % 512 != 0) return false;
+  const int n_cols = n / 512, k_tiles = k / 128;
+  return detail::tiles_per_run(n_cols * k_tiles, sms) >= 16 && detail::own_parts(sms, n_cols, k_tiles);
+}
 cudaError_t launch_sm90(int rows, int cols, int blocks_per_sm, bool grouped, const Params& p, int grid, int device,
                         cudaStream_t stream);
 

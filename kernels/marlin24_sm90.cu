@@ -27,9 +27,11 @@
 // tensor copies, codes, metadata and scales by bulk copies. On layers too narrow for 256-column tiles it takes R x 128
 // ones: both computing warpgroups on the one strip, each on its row block of R / 2 rows (two m64n(R/2)k32 per k32
 // row). At m = 33-64 it takes 64 x 256 tiles (two m64n64k32 per warpgroup and k32 row), where the one-warpgroup kernel
-// keeps only the 64 x 128 ones (perf-log w10). Its blocks write whole strips to C through shared memory
-// (store_staged: this column map's 2-byte stores from the registers put each value in a sector of its own) and add
-// split strips' parts themselves where runs are long (own_parts), as the dense ones do (perf-log s21, s22).
+// keeps only the 64 x 128 ones (perf-log w10), and at m <= 16 16 x 512 or 8 x 512 ones on layers whose runs are long
+// (ws_small_tiles, perf-log ws16): each computing warpgroup on two strips, as a one-warpgroup 256-column block. Its
+// blocks write whole strips to C through shared memory (store_staged: this column map's 2-byte stores from the
+// registers put each value in a sector of its own) and add split strips' parts themselves where runs are long
+// (own_parts), as the dense ones do (perf-log s21, s22).
 //
 // Everything else is the dense wgmma kernels': the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
@@ -319,7 +321,7 @@ __global__ void __launch_bounds__(C::THREADS, C::BLOCKS) gemm24_sm90_kernel(cons
 // block each), the third warpgroup's first thread copies (ws_kernel): per stage one arrival on the slot's full barrier
 // with the stage's byte count, then one bulk copy of the tile's codes and one of its metadata (the kernel order lays a
 // tile of the block's strips out as one run of each), one per scale row, and the A tile as a tensor copy per 64-deep
-// panel, all charged to it; the first stage's weights before the wait for the previous kernel, its A tile after it.
+// panel, all charged to it; the first stages' weights before the wait for the previous kernel, their A tiles after it.
 // Codes, metadata and scales are read by plain shared loads after the barrier, so no proxy fence is needed.
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
@@ -348,11 +350,17 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
       }
     };
     int col = run.t_begin / run.k_tiles, kt = run.t_begin - col * run.k_tiles;
-    // the first stage's weights before the wait for the previous kernel (it never writes them: a model's weights are
-    // written when it is loaded), its A tile after it; more stages ahead were slower (perf-log pw3)
-    if (run.n_iter > 0) {
-      mbar_expect(ring.full0, bytes);
-      weights(ring.ring, ring.full0, col, kt);
+    // the first stages' weights before the wait for the previous kernel (it never writes them: a model's weights are
+    // written when they are loaded), their A tiles after it: one stage from 64 rows (more were slower, perf-log pw3),
+    // three at m <= 16 (ws16)
+    constexpr int kAhead = C::R <= 16 ? 3 : 1;
+    for (int s = 0, c = col, t = kt; s < kAhead && s < run.n_iter; ++s) {
+      mbar_expect(ring.full0 + 8 * s, bytes);
+      weights(ring.ring + s * C::STAGE * 16, ring.full0 + 8 * s, c, t);
+      if (++t == run.k_tiles) {
+        t = 0;
+        ++c;
+      }
     }
     grid_dependency_wait();
     RingPos<C::STAGES> at;
@@ -360,7 +368,7 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     for (int it = 0; it < run.n_iter; ++it) {
       mbar_wait(ring.empty0 + 8 * at.slot, at.phase ^ 1);  // the slot's last stage is done with (at once at first)
       const uint32_t st = ring.ring + at.slot * C::STAGE * 16, bar = ring.full0 + 8 * at.slot;
-      if (it > 0) {
+      if (it >= kAhead) {
         mbar_expect(bar, bytes);
         weights(st, bar, col, kt);
       }
@@ -398,6 +406,10 @@ cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaS
 cudaError_t launch_sm90(int rows, int cols, int blocks_per_sm, bool grouped, const Params& p, int grid, int device,
                         cudaStream_t stream) {
   if (ws_tile(rows, cols)) {
+    if (cols == 512) {
+      return rows == 8 ? launch_ws<Sm90WsCfg<512, 8>>(grouped, p, grid, device, stream)
+                       : launch_ws<Sm90WsCfg<512, 16>>(grouped, p, grid, device, stream);
+    }
     if (rows == 64) return launch_ws<Sm90WsCfg<256, 64>>(grouped, p, grid, device, stream);
     if (rows == 96) {
       return cols == 256 ? launch_ws<Sm90WsCfg<256, 96>>(grouped, p, grid, device, stream)

@@ -444,7 +444,8 @@ __device__ __forceinline__ void wgmma_finish(const Params& p, const Run& run, in
   auto at = [&](int j, int v) { return (j * C::R / 8 + rb * N / 8 + v) * TP + t; };  // quad of a part
   const int wg = tid / 128, first_block = run.chunk * p.blocks_per_chunk, strip_begin = col * run.k_tiles;
   using Quad = PartQuad<kHalfParts<C>>;
-  constexpr int kBatch = C::ACC % 16 == 0 ? 4 : 2;  // quads of a part loaded before they are added
+  // quads of a part loaded before they are added
+  constexpr int kBatch = C::ACC % 16 == 0 ? 4 : C::ACC % 8 == 0 ? 2 : 1;
   static_assert(!OWN || C::ACC % (4 * kBatch) == 0, "parts are added in whole batches");
   const bool own = OWN && part != nullptr && p.flags != nullptr;
   if (own && seg_begin == strip_begin) {

@@ -86,6 +86,8 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (200, 4096, 4096, 32),  # ... 128 x 128 tiles, two chunks side by side (the second 72 rows)
     (200, 11008, 4096, -1),  # ... 128 x 256 ones there (12+ tiles an SM: sm90_cols128), 8-9 parts a strip
     (80, 1024, 384, -1),  # 96 x 128 tiles (a row block of 48 per warpgroup, the second one half empty), per channel
+    (5, 4096, 33792, -1),  # 8 x 512 tiles (m <= 16 on runs of 16 tiles), split strips' parts added in the kernel
+    (16, 4096, 33792, 32),  # 16 x 512 tiles, the same runs
     (96, 4096, 22016, 32),  # 96 x 256 tiles whose blocks add their strips' parts
 ]
 

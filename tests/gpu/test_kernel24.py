@@ -137,7 +137,8 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
     (perf-log w8) or give each SM at least 12 of them (perf-log c256), else by 128 (each computing warpgroup on half
     of the rows, perf-log s12). 16 x 128 tiles run three blocks per SM where that gives each SM fewer tiles than two
     (perf-log s25); at m <= 8 three or four 8 x 128 blocks where that gives it fewer, or as many on runs of at least
-    4 tiles (perf-log b4, b5)."""
+    4 tiles (perf-log b4, b5). Up to m = 16 the warp-specialized kernel's 16 x 512 and 8 x 512 tiles where one block
+    per SM gets runs of at least 16 tiles that add their own parts (perf-log ws16)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
     eight, short16, three8, three16, long8, long16, least, most_wide, least64, wide, wide_4096, narrow, odd = (
@@ -168,6 +169,12 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
         _kernels_launched(8, 4096, k=4096),  # 8 at two and four, runs of 2 at four
     )
     assert "Sm90Cfg<128, 8, 4>" in four8 and "Sm90Cfg<128, 8, 3>" in tie3 and "Sm90Cfg<128, 16, 2>" in runs2
+    ws8, ws16, runs11 = (
+        _kernels_launched(1, 34816, k=5120),  # 68 strips of 512 columns x 40 tiles: runs of 21, parts added in-kernel
+        _kernels_launched(16, 34816, k=5120),
+        _kernels_launched(16, 22016, k=4096),  # 43 x 32 tiles: runs of 11
+    )
+    assert "Sm90WsCfg<512, 8>" in ws8 and "Sm90WsCfg<512, 16>" in ws16 and "Sm90Cfg<256, 16, 2>" in runs11
     assert "Sm90Cfg<128, 16, 2>" in eight and "gemm24_kernel<" not in eight
     assert "Sm90Cfg<128, 16, 2>" in short16 and "Sm90Cfg<128, 8, 3>" in three8 and "Sm90Cfg<128, 16, 3>" in three16
     assert "Sm90Cfg<256, 8, 2>" in long8 and "Sm90Cfg<256, 16, 2>" in long16
@@ -195,6 +202,10 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
         (64, 4096, 22016, 128),  # 64 x 256 tiles, runs of 21 tiles, strips of 32: up to three parts
         (80, 4096, 22016, 128),  # 96 x 256 tiles, the same runs
         (72, 4096, 5760, 32),  # 96 x 128 tiles (a row block of 48 per warpgroup), 45 strips: runs of 11 of 32
+        (1, 5120, 34816, 128),  # 8 x 512 tiles (m <= 16, ws_small_tiles), runs of 21 tiles, strips of 40
+        (8, 5120, 34816, -1),
+        (16, 4096, 33792, 32),  # 16 x 512 tiles, runs of 16, strips of 32: two parts each
+        (12, 4096, 33792, 128),
     ],
     ids=str,
 )
