@@ -113,21 +113,23 @@ cudaError_t gemm24(const Gemm24Args& g, cudaStream_t stream) {
   // quarter less tensor and A-tile work than 128 rows, as the dense kernel's: perf-log s23) and 128-row ones above.
   // From 96 rows, and 64 rows by 256 columns, the warp-specialized kernel runs them, one block per SM (ws_tile;
   // perf-log w8, s12, w10; the 64-row chunks' width counts those slots, so n = 4096 takes 256 columns there); narrower
-  // 64-row chunks on the one-warpgroup kernel, two blocks per SM. At m <= 16 it also runs 512-column tiles where its
-  // runs are long (ws_small_tiles; perf-log ws16).
+  // 64-row chunks on the one-warpgroup kernel, two blocks per SM. At m <= 16 it also runs 512- or 256-column tiles
+  // where its runs are long (ws_small_cols; perf-log ws16).
   int rows = g.m > 96 ? 128 : g.m > 64 ? 96 : g.m > 32 ? 64 : g.m > 16 ? 32 : 16;
-  int cols = rows == 128 ? detail::sm90_cols128(g.m, g.n, g.k, g.sms)
-                          : detail::sm90_cols64(g.n, rows == 64 ? g.sms : g.sms * kMaxBlocksPerSm);
-  if (rows == 16 && cols == 256 && ws_small_tiles(g.n, g.k, g.sms)) cols = 512;
+  const int ws_cols = rows == 16 ? ws_small_cols(g.m, g.n, g.k, g.sms) : 0;
+  const int cols = ws_cols > 0      ? ws_cols
+                   : rows == 128 ? detail::sm90_cols128(g.m, g.n, g.k, g.sms)
+                                 : detail::sm90_cols64(g.n, rows == 64 ? g.sms : g.sms * kMaxBlocksPerSm);
   const int n_cols = cols > 0 ? g.n / cols : 0;
   const int k_tiles = g.k / Sm90Cfg<128>::DEPTH;
   if (cols > 0 && detail::has_wgmma(g.device)) {
-    const int bps = detail::sm90_blocks_per_sm(ws_tile(rows, cols), rows, cols, g.sms, g.n, g.k, g.m <= 8);
+    const bool ws = ws_cols > 0 || ws_tile(rows, cols);
+    const int bps = detail::sm90_blocks_per_sm(ws, rows, cols, g.sms, g.n, g.k, g.m <= 8);
     if (g.m <= 8 && (cols >= 256 || bps > kMaxBlocksPerSm)) rows = 8;
     return detail::run_chunk_groups(p, g, g.a, lg_group, rows, [&](int par) {
       const int per_chunk = detail::sm90_blocks_per_chunk(g.sms, par, n_cols, k_tiles, rows, bps);
       const int grid = detail::size_grid(p, par, per_chunk, g.sms * bps);
-      return launch_sm90(rows, cols, bps, grouped, p, grid, g.device, stream);
+      return launch_sm90(ws, rows, cols, bps, grouped, p, grid, g.device, stream);
     });
   }
   Choice choice;

@@ -387,7 +387,7 @@ struct Sm90Cfg {
   static_assert(detail::sm90_blocks_fit(BLOCKS, R, W, DEPTH), "blocks per SM: sm90_blocks_fit");
 };
 // The warp-specialized 2:4 kernel (marlin24_sm90.cu; the dense kernel's Sm90WsCfg): R-row chunks (128, 96 up to m =
-// 96, 64 up to m = 64; 16, or 8 for m <= 8, on long runs: ws_small_tiles) by W columns, one block per SM of two
+// 96, 64 up to m = 64; 16, or 8 for m <= 8, on long runs: ws_small_cols) by W columns, one block per SM of two
 // computing warpgroups and one copying warpgroup (its first thread: the A tile by a tensor copy per 64-deep panel, the
 // rest by bulk copies), a ring of 128-deep stages. At W = 512 (m <= 16) each computing warpgroup takes two 128-column
 // strips (four m64nRk32 per k32 row, the one-warpgroup kernels' 256-column share), at W = 256 one strip on all R rows
@@ -414,29 +414,33 @@ struct Sm90WsCfg : detail::WsBlock {
   static constexpr int SMEM = STAGES * STAGE * 16 + C_STAGING + 1024;
   // accumulators per thread per wgmma: its rows x 64 / 128
   static constexpr int ACC = STRIPS >= CONSUMERS ? R / 2 : R / 2 / (CONSUMERS / STRIPS);
-  static_assert((W == 512 && (R == 8 || R == 16)) || (W == 256 && (R == 64 || R == 96 || R == 128)) ||
+  static_assert((W == 512 && (R == 8 || R == 16)) || (W == 256 && (R == 16 || R >= 64)) ||
                     (W == 128 && (R == 96 || R == 128)),
                 "one strip for both computing warpgroups (a row block of R / 2 each), one each, or two each");
   static_assert(STAGES >= 4, "a ring of at least 4 stages");
   static_assert(R * W <= kMaxBlocksPerSm * kMaxTileElems, "one block per SM: its partial tile takes two blocks' slots");
 };
-// Whether the wgmma.sp kernel's rows x cols tiles run on the warp-specialized block (Sm90WsCfg, one block per SM):
-// from 96 rows, 64 x 256 (64 x 128 tiles keep the one-warpgroup block, two per SM: perf-log w10) and the 512-column
-// tiles of m <= 16.
-inline bool ws_tile(int rows, int cols) { return rows > 64 || (rows == 64 && cols == 256) || cols == 512; }
-// Whether m <= 16 takes the warp-specialized kernel's 512-column tiles on an n x k layer over `sms` SMs: where one
-// block per SM gets runs of at least 16 tiles (128 deep) and adds its split strips' parts itself (own_parts). The
-// computing warpgroups then run the one-warpgroup 256-column blocks' chains, two per SM as those do, without their
-// block barrier and cp.async (one thread's bulk and tensor copies; three stages' weights ahead of the wait for the
-// previous kernel). On runs of 21-101 tiles 0-8% faster at m = 1-8 and 6-18% at m = 16; on runs of 6-11, or with
-// add_parts_kernel (28672 x 8192, runs of 28 on strips of 224), 4-27% slower (perf-log ws16).
-inline bool ws_small_tiles(int n, int k, int sms) {
-  if (n % 512 != 0) return false;
-  const int n_cols = n / 512, k_tiles = k / 128;
-  return detail::tiles_per_run(n_cols * k_tiles, sms) >= 16 && detail::own_parts(sms, n_cols, k_tiles);
+// Whether the wgmma.sp kernel's rows x cols tiles from 33 rows run on the warp-specialized block (Sm90WsCfg, one block
+// per SM): from 96 rows, and 64 x 256 (64 x 128 tiles keep the one-warpgroup block, two per SM: perf-log w10).
+inline bool ws_tile(int rows, int cols) { return rows > 64 || (rows == 64 && cols == 256); }
+// The width of the warp-specialized kernel's tiles for m <= 16 rows of an n x k layer over `sms` SMs, 0 where the
+// one-warpgroup kernels run it: 512 columns, else (m > 8) 256, where one block per SM gets runs of at least 16 tiles
+// (128 deep) and adds its split strips' parts itself (own_parts). At 512 columns the computing warpgroups run the
+// one-warpgroup 256-column blocks' chains, two per SM as those do, without their block barrier and cp.async (one
+// thread's bulk and tensor copies; three stages' weights ahead of the wait for the previous kernel). On runs of 16-101
+// tiles: level to 8% faster at m = 1-8 (one layer 3% slower), 4-18% at m = 16. At 256 columns (a strip per
+// warpgroup) 4-6% faster at m = 16 on runs of 21-27, level to 6% slower at m <= 8. On runs of 6-11, or with
+// add_parts_kernel (28672 x 8192: runs of 28 on strips of 224), 4-27% slower (perf-log ws16, ws17).
+inline int ws_small_cols(int m, int n, int k, int sms) {
+  for (const int cols : {512, 256}) {
+    if (n % cols != 0 || (cols == 256 && m <= 8)) continue;
+    const int n_cols = n / cols, k_tiles = k / 128;
+    if (detail::tiles_per_run(n_cols * k_tiles, sms) >= 16 && detail::own_parts(sms, n_cols, k_tiles)) return cols;
+  }
+  return 0;
 }
-cudaError_t launch_sm90(int rows, int cols, int blocks_per_sm, bool grouped, const Params& p, int grid, int device,
-                        cudaStream_t stream);
+cudaError_t launch_sm90(bool ws, int rows, int cols, int blocks_per_sm, bool grouped, const Params& p, int grid,
+                        int device, cudaStream_t stream);
 
 }  // namespace sparse24
 }  // namespace marlin_cli

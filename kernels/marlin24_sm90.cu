@@ -27,11 +27,11 @@
 // tensor copies, codes, metadata and scales by bulk copies. On layers too narrow for 256-column tiles it takes R x 128
 // ones: both computing warpgroups on the one strip, each on its row block of R / 2 rows (two m64n(R/2)k32 per k32
 // row). At m = 33-64 it takes 64 x 256 tiles (two m64n64k32 per warpgroup and k32 row), where the one-warpgroup kernel
-// keeps only the 64 x 128 ones (perf-log w10), and at m <= 16 16 x 512 or 8 x 512 ones on layers whose runs are long
-// (ws_small_tiles, perf-log ws16): each computing warpgroup on two strips, as a one-warpgroup 256-column block. Its
-// blocks write whole strips to C through shared memory (store_staged: this column map's 2-byte stores from the
-// registers put each value in a sector of its own) and add split strips' parts themselves where runs are long
-// (own_parts), as the dense ones do (perf-log s21, s22).
+// keeps only the 64 x 128 ones (perf-log w10), and at m <= 16 16 x 512, 8 x 512 or 16 x 256 ones on layers whose
+// runs are long (ws_small_cols, perf-log ws16; at 512 each computing warpgroup takes two strips). Its blocks write
+// whole strips to C through shared memory (store_staged: this column map's 2-byte stores from the registers put each
+// value in a sector of its own) and add split strips' parts themselves where runs are long (own_parts), as the dense
+// ones do (perf-log s21, s22).
 //
 // Everything else is the dense wgmma kernels': the striped partition, the pipeline, parts of split column strips
 // saved straight from the registers and added by add_parts_kernel (wgmma.cuh), chunks side by side for larger m.
@@ -317,12 +317,13 @@ __global__ void __launch_bounds__(C::THREADS, C::BLOCKS) gemm24_sm90_kernel(cons
 #endif
 }
 
-// The warp-specialized 2:4 kernel (Sm90WsCfg, ws_tile): threads 0-255 compute (two warpgroups, a strip or a row
-// block each), the third warpgroup's first thread copies (ws_kernel): per stage one arrival on the slot's full barrier
-// with the stage's byte count, then one bulk copy of the tile's codes and one of its metadata (the kernel order lays a
-// tile of the block's strips out as one run of each), one per scale row, and the A tile as a tensor copy per 64-deep
-// panel, all charged to it; the first stages' weights before the wait for the previous kernel, their A tiles after it.
-// Codes, metadata and scales are read by plain shared loads after the barrier, so no proxy fence is needed.
+// The warp-specialized 2:4 kernel (Sm90WsCfg; ws_tile, ws_small_cols): threads 0-255 compute (two warpgroups, one or
+// two strips or a row block each), the third warpgroup's first thread copies (ws_kernel): per stage one arrival on the
+// slot's full barrier with the stage's byte count, then one bulk copy of the tile's codes and one of its metadata (the
+// kernel order lays a tile of the block's strips out as one run of each), one per scale row, and the A tile as a
+// tensor copy per 64-deep panel, all charged to it; the first stages' weights before the wait for the previous
+// kernel, their A tiles after it. Codes, metadata and scales are read by plain shared loads after the barrier, so no
+// proxy fence is needed.
 template <class C, bool GROUPED>
 __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     gemm24_sm90_ws_kernel(const Params p, const __grid_constant__ CUtensorMap a_map) {
@@ -403,12 +404,13 @@ cudaError_t launch_ws(bool grouped, const Params& p, int grid, int device, cudaS
                      gemm24_sm90_ws_kernel<C, false>>(grouped, p, grid, C::BLOCK_THREADS, C::SMEM, device, stream, map);
 }
 
-cudaError_t launch_sm90(int rows, int cols, int blocks_per_sm, bool grouped, const Params& p, int grid, int device,
-                        cudaStream_t stream) {
-  if (ws_tile(rows, cols)) {
-    if (cols == 512) {
-      return rows == 8 ? launch_ws<Sm90WsCfg<512, 8>>(grouped, p, grid, device, stream)
-                       : launch_ws<Sm90WsCfg<512, 16>>(grouped, p, grid, device, stream);
+cudaError_t launch_sm90(bool ws, int rows, int cols, int blocks_per_sm, bool grouped, const Params& p, int grid,
+                        int device, cudaStream_t stream) {
+  if (ws) {
+    if (rows == 8) return launch_ws<Sm90WsCfg<512, 8>>(grouped, p, grid, device, stream);
+    if (rows == 16) {
+      return cols == 512 ? launch_ws<Sm90WsCfg<512, 16>>(grouped, p, grid, device, stream)
+                         : launch_ws<Sm90WsCfg<256, 16>>(grouped, p, grid, device, stream);
     }
     if (rows == 64) return launch_ws<Sm90WsCfg<256, 64>>(grouped, p, grid, device, stream);
     if (rows == 96) {

@@ -88,6 +88,8 @@ CASES24 = [  # m, k, n, group: the 2:4 kernel's chunk heights, strip widths and 
     (80, 1024, 384, -1),  # 96 x 128 tiles (a row block of 48 per warpgroup, the second one half empty), per channel
     (5, 4096, 33792, -1),  # 8 x 512 tiles (m <= 16 on runs of 16 tiles), split strips' parts added in the kernel
     (16, 4096, 33792, 32),  # 16 x 512 tiles, the same runs
+    (9, 4096, 22016, 32),  # 16 x 256 tiles (m = 9-16 on runs of 21 tiles), a strip per computing warpgroup
+    (16, 4096, 22016, -1),
     (96, 4096, 22016, 32),  # 96 x 256 tiles whose blocks add their strips' parts
 ]
 

@@ -137,8 +137,9 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
     (perf-log w8) or give each SM at least 12 of them (perf-log c256), else by 128 (each computing warpgroup on half
     of the rows, perf-log s12). 16 x 128 tiles run three blocks per SM where that gives each SM fewer tiles than two
     (perf-log s25); at m <= 8 three or four 8 x 128 blocks where that gives it fewer, or as many on runs of at least
-    4 tiles (perf-log b4, b5). Up to m = 16 the warp-specialized kernel's 16 x 512 and 8 x 512 tiles where one block
-    per SM gets runs of at least 16 tiles that add their own parts (perf-log ws16)."""
+    4 tiles (perf-log b4, b5). Up to m = 16 the warp-specialized kernel's 16- and 8-row tiles by 512 columns, or
+    16-row ones by 256 from m = 9, where one block per SM gets runs of at least 16 tiles that add their own parts
+    (perf-log ws16, ws17)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma.sp kernel needs compute capability 9.0")
     eight, short16, three8, three16, long8, long16, least, most_wide, least64, wide, wide_4096, narrow, odd = (
@@ -169,12 +170,15 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
         _kernels_launched(8, 4096, k=4096),  # 8 at two and four, runs of 2 at four
     )
     assert "Sm90Cfg<128, 8, 4>" in four8 and "Sm90Cfg<128, 8, 3>" in tie3 and "Sm90Cfg<128, 16, 2>" in runs2
-    ws8, ws16, runs11 = (
+    ws8, ws16, eight256, ws16_256, runs12 = (
         _kernels_launched(1, 34816, k=5120),  # 68 strips of 512 columns x 40 tiles: runs of 21, parts added in-kernel
         _kernels_launched(16, 34816, k=5120),
-        _kernels_launched(16, 22016, k=4096),  # 43 x 32 tiles: runs of 11
+        _kernels_launched(8, 22016, k=4096),  # 43 x 32 tiles at 512 columns: runs of 11; 86 x 32 at 256: 21
+        _kernels_launched(9, 22016, k=4096),
+        _kernels_launched(16, 12288, k=4096),  # runs of 6 at 512 columns, 12 at 256
     )
-    assert "Sm90WsCfg<512, 8>" in ws8 and "Sm90WsCfg<512, 16>" in ws16 and "Sm90Cfg<256, 16, 2>" in runs11
+    assert "Sm90WsCfg<512, 8>" in ws8 and "Sm90WsCfg<512, 16>" in ws16
+    assert "Sm90Cfg<256, 8, 2>" in eight256 and "Sm90WsCfg<256, 16>" in ws16_256 and "Sm90Cfg<256, 16, 2>" in runs12
     assert "Sm90Cfg<128, 16, 2>" in eight and "gemm24_kernel<" not in eight
     assert "Sm90Cfg<128, 16, 2>" in short16 and "Sm90Cfg<128, 8, 3>" in three8 and "Sm90Cfg<128, 16, 3>" in three16
     assert "Sm90Cfg<256, 8, 2>" in long8 and "Sm90Cfg<256, 16, 2>" in long16
@@ -206,6 +210,8 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
         (8, 5120, 34816, -1),
         (16, 4096, 33792, 32),  # 16 x 512 tiles, runs of 16, strips of 32: two parts each
         (12, 4096, 33792, 128),
+        (9, 4096, 22016, 32),  # 16 x 256 tiles (m = 9-16, ws_small_cols), runs of 21, strips of 32
+        (16, 4096, 22016, -1),
     ],
     ids=str,
 )
