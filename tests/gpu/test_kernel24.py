@@ -206,7 +206,7 @@ def test_hopper_runs_the_wgmma_sp_kernel() -> None:
         (64, 4096, 22016, 128),  # 64 x 256 tiles, runs of 21 tiles, strips of 32: up to three parts
         (80, 4096, 22016, 128),  # 96 x 256 tiles, the same runs
         (72, 4096, 5760, 32),  # 96 x 128 tiles (a row block of 48 per warpgroup), 45 strips: runs of 11 of 32
-        (1, 5120, 34816, 128),  # 8 x 512 tiles (m <= 16, ws_small_tiles), runs of 21 tiles, strips of 40
+        (1, 5120, 34816, 128),  # 8 x 512 tiles (m <= 16, ws_small_cols), runs of 21 tiles, strips of 40
         (8, 5120, 34816, -1),
         (16, 4096, 33792, 32),  # 16 x 512 tiles, runs of 16, strips of 32: two parts each
         (12, 4096, 33792, 128),
