@@ -41,7 +41,15 @@ def test_killed_quantize_leaves_nothing(sig: int, code: int, tiny_models, tmp_pa
         "--seqlen",
         "256",
     ]  # about 7 s of work on a 2-core machine: the signal lands long before the output is complete
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # a shell's background jobs inherit SIGINT ignored, and Python then never raises KeyboardInterrupt: give the run
+    # the default disposition, as in a terminal
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     first = proc.stderr.readline()  # the start line: the job is running
     time.sleep(1.0)  # inside loading or calibration
     proc.send_signal(sig)
