@@ -95,10 +95,10 @@ struct Sm90Loader {
   uint32_t a_dst, b_dst, m_dst, s_dst;
   int s_src;  // chunk offset within a scale row
   bool s_copy[S_PER];
-  int ld_col, ld_kt;  // next tile to load
+  TilePos ld;  // next tile to load
 
   __device__ __forceinline__ Sm90Loader(const Params& params, const int4* a_chunk, int m_rows, int t_begin)
-      : p(params), a_g(a_chunk) {
+      : p(params), a_g(a_chunk), ld(t_begin, params.k / C::DEPTH) {
     const int tid = threadIdx.x - C::LOAD_TID0;
     const int r = tid / 8 % A_ROWS, j = tid % 8 + 8 * (tid / (8 * A_ROWS));  // chunk j of the pass's panels
     a_src = r * (p.k / 8) + j;
@@ -113,22 +113,19 @@ struct Sm90Loader {
     for (int i = 0; i < S_PER; ++i) s_copy[i] = GROUPED && tid + i * T < s_chunks;
     s_src = (tid / (C::W / 8)) * (p.n / 8) + tid % (C::W / 8);
     s_dst = (C::A_STAGE + C::B_STAGE + C::M_STAGE + tid) * 16;
-    const int k_tiles = p.k / C::DEPTH;
-    ld_col = t_begin / k_tiles;
-    ld_kt = t_begin - ld_col * k_tiles;
   }
 
   __device__ __forceinline__ void load(uint32_t st, Copies what = Copies::kAll, int kt = 0) {
     const int tid = threadIdx.x - C::LOAD_TID0;
-    const int row = ld_kt * C::KT;  // first k32 row of the tile
+    const int row = ld.kt * C::KT;  // first k32 row of the tile
     const bool weights = what != Copies::kActs, acts = what != Copies::kWeights;
-    const int a_tile = (what == Copies::kActs ? kt : ld_kt) * C::A_CHUNKS;
+    const int a_tile = (what == Copies::kActs ? kt : ld.kt) * C::A_CHUNKS;
     if (weights) {
       // Chunk e = tid + i * T of the stage's codes is chunk e % 64 of row q = e / 64 % KT of strip e / 64 / KT, of its
       // metadata chunk e % 32 of row e / 32 % KT of strip e / 32 / KT; rows 4 apart lie a tile of every strip apart.
       // A pass's first row q0 and strip are constants, and tid adds less than 4 - q0 % 4 rows to it (KT is even,
       // and at least 4 where the metadata takes more than one pass), so the offset is a constant plus tid.
-      const int strip0 = ld_col * C::STRIPS;
+      const int strip0 = ld.col * C::STRIPS;
       const int4* b = kernel_row<kTileB>(p.b, p.n, strip0, row) + tid;
 #pragma unroll
       for (int i = 0; i < B_PER; ++i) {
@@ -162,15 +159,11 @@ struct Sm90Loader {
       for (int i = 0; i < S_PER; ++i) {
         if (s_copy[i]) {
           cp_async16(st + s_dst + i * T * 16, p.s + static_cast<int64_t>((row >> p.lg_group) + i * S_ROWS) *
-                                                                  (p.n / 8) + ld_col * (C::W / 8) + s_src);
+                                                                  (p.n / 8) + ld.col * (C::W / 8) + s_src);
         }
       }
     }
-    if (!weights) return;
-    if (++ld_kt == p.k / C::DEPTH) {
-      ld_kt = 0;
-      ++ld_col;
-    }
+    if (weights) ld.next(p.k / C::DEPTH);
   }
 };
 
@@ -334,14 +327,16 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     const int s_rows = GROUPED ? max(1, C::KT >> p.lg_group) : 0;  // scale rows a stage spans (groups of 32 and up)
     const uint32_t bytes = (C::A_STAGE + C::B_STAGE + C::M_STAGE) * 16 + s_rows * C::W * 2;
     const int s_row = p.n / 8;  // int4 per scale row
-    auto weights = [&](uint32_t st, uint32_t bar, int col, int kt) {
-      const int row = kt * C::KT, strip0 = col * C::STRIPS;  // the stage's first k32 row and 128-column strip
+    // the weights of tile `at`; the barrier expects them with the stage's A tile
+    auto weights = [&](uint32_t st, uint32_t bar, TilePos at) {
+      mbar_expect(bar, bytes);
+      const int row = at.kt * C::KT, strip0 = at.col * C::STRIPS;  // the stage's first k32 row and 128-column strip
       bulk_copy(st + C::A_STAGE * 16, kernel_row<kTileB>(p.b, p.n, strip0, row), C::B_STAGE * 16, bar);
       bulk_copy(st + (C::A_STAGE + C::B_STAGE) * 16, kernel_row<kTileM>(p.meta, p.n, strip0, row), C::M_STAGE * 16,
                 bar);
       for (int r = 0; r < s_rows; ++r) {
         bulk_copy(st + (C::A_STAGE + C::B_STAGE + C::M_STAGE + r * C::W / 8) * 16,
-                  p.s + static_cast<int64_t>((row >> p.lg_group) + r) * s_row + col * C::W / 8, C::W * 2, bar);
+                  p.s + static_cast<int64_t>((row >> p.lg_group) + r) * s_row + at.col * C::W / 8, C::W * 2, bar);
       }
     };
     auto acts = [&](uint32_t st, uint32_t bar, int kt) {
@@ -350,35 +345,23 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
         tma_load_2d(st + pn * C::R * 128, &a_map, kt * C::DEPTH + 64 * pn, run.chunk * C::R, bar);
       }
     };
-    int col = run.t_begin / run.k_tiles, kt = run.t_begin - col * run.k_tiles;
     // the first stages' weights before the wait for the previous kernel (it never writes them: a model's weights are
     // written when they are loaded), their A tiles after it: one stage from 64 rows (more were slower, perf-log pw3),
     // three at m <= 16 (ws16)
     constexpr int kAhead = C::R <= 16 ? 3 : 1;
-    for (int s = 0, c = col, t = kt; s < kAhead && s < run.n_iter; ++s) {
-      mbar_expect(ring.full0 + 8 * s, bytes);
-      weights(ring.ring + s * C::STAGE * 16, ring.full0 + 8 * s, c, t);
-      if (++t == run.k_tiles) {
-        t = 0;
-        ++c;
-      }
+    TilePos ahead(run.t_begin, run.k_tiles), at(run.t_begin, run.k_tiles);
+    for (int s = 0; s < kAhead && s < run.n_iter; ++s, ahead.next(run.k_tiles)) {
+      weights(ring.ring + s * C::STAGE * 16, ring.full0 + 8 * s, ahead);
     }
     grid_dependency_wait();
-    RingPos<C::STAGES> at;
+    RingPos<C::STAGES> slot;
 #pragma unroll 1
-    for (int it = 0; it < run.n_iter; ++it) {
-      mbar_wait(ring.empty0 + 8 * at.slot, at.phase ^ 1);  // the slot's last stage is done with (at once at first)
-      const uint32_t st = ring.ring + at.slot * C::STAGE * 16, bar = ring.full0 + 8 * at.slot;
-      if (it >= kAhead) {
-        mbar_expect(bar, bytes);
-        weights(st, bar, col, kt);
-      }
-      acts(st, bar, kt);
-      at.next();
-      if (++kt == run.k_tiles) {
-        kt = 0;
-        ++col;
-      }
+    for (int it = 0; it < run.n_iter; ++it, at.next(run.k_tiles)) {
+      mbar_wait(ring.empty0 + 8 * slot.slot, slot.phase ^ 1);  // the slot's last stage is done with (at once at first)
+      const uint32_t st = ring.ring + slot.slot * C::STAGE * 16, bar = ring.full0 + 8 * slot.slot;
+      if (it >= kAhead) weights(st, bar, at);
+      acts(st, bar, at.kt);
+      slot.next();
     }
   };
   ws_kernel<C, SparseCols<C>, GROUPED, 2 * C::NS>(p, 1, copy, [&](int tid) {

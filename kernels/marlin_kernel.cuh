@@ -553,6 +553,19 @@ struct Run {
   int t_begin, n_iter;         // the block's first tile and its number of tiles
 };
 
+// A tile of a run: column strip col, k tile kt (of k_tiles per strip). next() steps to the run's next tile, the next
+// strip's first after a strip's last.
+struct TilePos {
+  int col, kt;
+  __device__ __forceinline__ TilePos(int t, int k_tiles) : col(t / k_tiles), kt(t - t / k_tiles * k_tiles) {}
+  __device__ __forceinline__ void next(int k_tiles) {
+    if (++kt == k_tiles) {
+      kt = 0;
+      ++col;
+    }
+  }
+};
+
 // Tiles per run when `blocks` blocks share `total` tiles (the last runs may be shorter or empty).
 __host__ __device__ __forceinline__ int tiles_per_run(int total, int blocks) { return (total + blocks - 1) / blocks; }
 

@@ -193,31 +193,27 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     const int s_rows = max(1, C::KT >> p.lg_group);
     const uint32_t bytes = (C::A_STAGE + C::B_STAGE) * 16 + (GROUPED ? s_rows * C::STRIPS * 128 : 0);
     const int b_row = p.n / 2, s_row = p.n / 8;  // int4 per k16 row of weights, per scale row
-    int col = run.t_begin / run.k_tiles, kt = run.t_begin - col * run.k_tiles;
-    RingPos<C::STAGES> at;
+    TilePos at(run.t_begin, run.k_tiles);
+    RingPos<C::STAGES> slot;
 #pragma unroll 1
-    for (int it = 0; it < run.n_iter; ++it) {
-      mbar_wait(ring.empty0 + 8 * at.slot, at.phase ^ 1);  // the slot's last stage is done with (at once at first)
-      const uint32_t st = ring.ring + at.slot * C::STAGE * 16, bar = ring.full0 + 8 * at.slot;
+    for (int it = 0; it < run.n_iter; ++it, at.next(run.k_tiles)) {
+      mbar_wait(ring.empty0 + 8 * slot.slot, slot.phase ^ 1);  // the slot's last stage is done with (at once at first)
+      const uint32_t st = ring.ring + slot.slot * C::STAGE * 16, bar = ring.full0 + 8 * slot.slot;
       mbar_expect(bar, bytes);
-      tma_load_2d(st, &a_map, kt * C::DEPTH, run.chunk * C::R, bar);
-      const int4* b = p.b + static_cast<int64_t>(kt * C::KT) * b_row + col * C::STRIPS * 32;
+      tma_load_2d(st, &a_map, at.kt * C::DEPTH, run.chunk * C::R, bar);
+      const int4* b = p.b + static_cast<int64_t>(at.kt * C::KT) * b_row + at.col * C::STRIPS * 32;
 #pragma unroll
       for (int q = 0; q < C::KT; ++q) {
         bulk_copy(st + (C::A_STAGE + q * C::STRIPS * 32) * 16, b + q * static_cast<int64_t>(b_row), C::STRIPS * 512,
                   bar);
       }
       if (GROUPED) {
-        const int4* s = p.s + static_cast<int64_t>((kt * C::KT) >> p.lg_group) * s_row + col * C::STRIPS * 8;
+        const int4* s = p.s + static_cast<int64_t>((at.kt * C::KT) >> p.lg_group) * s_row + at.col * C::STRIPS * 8;
         for (int r = 0; r < s_rows; ++r) {
           bulk_copy(st + (C::A_STAGE + C::B_STAGE + r * C::STRIPS * 8) * 16, s + r * s_row, C::STRIPS * 128, bar);
         }
       }
-      at.next();
-      if (++kt == run.k_tiles) {
-        kt = 0;
-        ++col;
-      }
+      slot.next();
     }
   };
   ws_kernel<C, DenseCols<C>, GROUPED, C::NS>(p, 1, copy, [&](int tid) {
