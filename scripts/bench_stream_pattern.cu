@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -87,9 +88,11 @@ __global__ void __launch_bounds__(kThreads) stream_cp_async(const char* b, Shape
   if (x == 0x12345678) sink[0] = x;
 }
 
-// Thread 0 issues a stage as kRows bulk copies of 1 KB onto the stage's mbarrier; every thread waits on it.
+// Thread 0 issues a stage as kRows bulk copies of 1 KB onto the stage's mbarrier; every thread waits on it. With
+// `ahead` >= 0 the launch is a programmatic dependent one, as the GEMMs' are: the next launch may start at once, and
+// the copies of the first `ahead` prologue stages go before the wait for the previous launch, the rest after it.
 template <int STAGES>
-__global__ void __launch_bounds__(kThreads) stream_bulk(const char* b, Shape s, uint32_t* sink) {
+__global__ void __launch_bounds__(kThreads) stream_bulk(const char* b, Shape s, uint32_t* sink, int ahead = -1) {
   extern __shared__ __align__(1024) char smem[];
   __shared__ __align__(8) uint64_t full[STAGES];
   int t0, n;
@@ -116,8 +119,14 @@ __global__ void __launch_bounds__(kThreads) stream_bulk(const char* b, Shape s, 
           : "memory");
     }
   };
+  const int first = ahead < 0 ? STAGES - 1 : min(ahead, STAGES - 1);
+  if (ahead >= 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (threadIdx.x == 0) {
-    for (int i = 0; i < STAGES - 1 && i < n; ++i) load(i);
+    for (int i = 0; i < first && i < n; ++i) load(i);
+  }
+  if (ahead >= 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (threadIdx.x == 0) {
+    for (int i = first; i < STAGES - 1 && i < n; ++i) load(i);
   }
   uint32_t x = 0;
   for (int i = 0; i < n; ++i) {
@@ -156,7 +165,38 @@ __global__ void __launch_bounds__(kThreads) read_all(const int4* b, int64_t n16,
   if (x == 0x12345678) sink[0] = x;
 }
 
+// A stand-in for add_parts_kernel at m = 1 (ring_ahead): block b (one per 128-column strip) adds 2 KB of each of its
+// strip's `n_parts` parts, which stay in L2 between launches, and writes 2 KB; the next launch may start at once, as
+// after a GEMM whose grid takes every block slot.
+__global__ void __launch_bounds__(128) add_like(const int4* parts, int4* out, int n_parts) {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  int4 sum = {0, 0, 0, 0};
+  for (int q = 0; q < n_parts; ++q) {
+    const int4 v = parts[(static_cast<int64_t>(q) * gridDim.x + blockIdx.x) * 128 + threadIdx.x];
+    sum = {sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w};
+  }
+  out[blockIdx.x * 128 + threadIdx.x] = sum;
+}
+
 }  // namespace
+
+// Launches kernel(args...) on `stream`, as a programmatic dependent launch when `pdl` is set.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), int blocks, int threads, int smem, cudaStream_t stream, bool pdl,
+            Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
 
 // Microseconds per launch(i) on `stream`, i rotating over `copies`, after one warm-up launch of each.
 template <class Launch>
@@ -201,6 +241,64 @@ float graph_us(Launch&& launch, int copies, int reps) {
   return us;
 }
 
+// Part of `floor` (perf-log ra1): the 4-stage bulk-copy ring streamer at two blocks per SM, launched back to back as
+// programmatic dependent launches in a CUDA graph, with 0, 1 or 3 of its prologue stages' copies before the wait for
+// the previous launch; each block alone (32 KB of shared memory) or padded to the 2:4 16 x 128 GEMM block's 107520
+// bytes, so that a later launch's block fits on an SM only once one of this launch's has left it; padded, also with
+// add_like after each launch, as add_parts_kernel follows a GEMM that splits strips. The 2:4 layers are streamed as
+// dense ones of 3/4 the depth (their codes' and metadata's bytes, without scales; 11008 x 4096 rounded down to 64
+// tiles). Times are per streamer launch (with add_like's).
+void ring_ahead(int sms, uint32_t* sink) {
+  constexpr int kStages = 4, kGemmSmem = 107520, kVariants = 9;
+  cudaFuncSetAttribute(stream_bulk<kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemmSmem);
+  const int aheads[] = {0, 1, 3};
+  const int layers[][2] = {{4096, 12288}, {4096, 4096}, {4096, 22016}, {11008, 4096}, {8192, 10240}, {8192, 8192}};
+  printf("\nring streamer, 2 blocks an SM, us: stages ahead of the wait 0 / 1 / 3 with blocks of 32 KB, 105 KB, "
+         "105 KB and add_like after each\n");
+  printf("%-12s %-6s", "layer", "format");
+  for (const char* v : {"32K", "105K", "+parts"}) printf(" %6s a0 %6s a1 %6s a3", v, v, v);
+  printf("\n");
+  int4 *parts = nullptr, *out = nullptr;
+  cudaMalloc(&parts, 8 << 20);
+  cudaMemset(parts, 0x11, 8 << 20);
+  cudaMalloc(&out, 1 << 20);
+  float sum[2][kVariants] = {};
+  for (const auto& kn : layers) {
+    const int strips = kn[1] / 128, n_parts = std::max(2, (2 * sms + strips - 1) / strips);
+    for (int f = 0; f < 2; ++f) {
+      const Shape s{8ll * kn[1], strips, (f == 0 ? kn[0] : kn[0] * 3 / 4) / 128};
+      const int64_t bytes = static_cast<int64_t>(s.k_tiles) * kRows * s.row_stride;
+      const int copies = static_cast<int>((512ll << 20) / bytes) + 1;  // > 512 MB: never from L2
+      std::vector<char*> bufs(copies);
+      for (auto& p : bufs) {
+        cudaMalloc(&p, bytes);
+        cudaMemset(p, 0x5a, bytes);
+      }
+      printf("%5dx%-6d %-6s", kn[0], kn[1], f == 0 ? "dense" : "2:4");
+      for (int v = 0; v < kVariants; ++v) {
+        const int smem = v < 3 ? kStages * kTile : kGemmSmem, ahead = aheads[v % 3];
+        const float us = graph_us(
+            [&](int i, cudaStream_t st) {
+              launch(stream_bulk<kStages>, sms * 2, kThreads, smem, st, true, bufs[i], s, sink, ahead);
+              if (v >= 6) launch(add_like, strips, 128, 0, st, true, parts, out, n_parts);
+            },
+            copies, 20);
+        if (kn[0] == 11008 || kn[0] == 4096) sum[f][v] += us;
+        printf(" %9.2f", us);
+      }
+      printf("\n");
+      for (auto p : bufs) cudaFree(p);
+    }
+  }
+  for (int f = 0; f < 2; ++f) {
+    printf("%-12s %-6s", "7b sum", f == 0 ? "dense" : "2:4");
+    for (int v = 0; v < kVariants; ++v) printf(" %9.2f", sum[f][v]);
+    printf("\n");
+  }
+  cudaFree(parts);
+  cudaFree(out);
+}
+
 int floor_main(int sms) {
   uint32_t* sink = nullptr;
   cudaMalloc(&sink, 4);
@@ -229,18 +327,7 @@ int floor_main(int sms) {
           const auto kernel = w == 0 ? read_all<Reads::kPlain> : w == 1 ? read_all<Reads::kAfterWait>
                                                                         : read_all<Reads::kBeforeWait>;
           us[w] = graph_us(
-              [&](int i, cudaStream_t st) {
-                cudaLaunchAttribute pdl[1];
-                pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                pdl[0].val.programmaticStreamSerializationAllowed = 1;
-                cudaLaunchConfig_t cfg = {};
-                cfg.gridDim = dim3(sms * 8);
-                cfg.blockDim = dim3(kThreads);
-                cfg.stream = st;
-                cfg.attrs = pdl;
-                cfg.numAttrs = w == 0 ? 0 : 1;
-                cudaLaunchKernelEx(&cfg, kernel, static_cast<const int4*>(bufs[i]), bytes / 16, sink);
-              },
+              [&](int i, cudaStream_t st) { launch(kernel, sms * 8, kThreads, 0, st, w != 0, bufs[i], bytes / 16, sink); },
               copies, 20);
           sum[f][w] += us[w];
         }
@@ -254,6 +341,7 @@ int floor_main(int sms) {
              sum[0][w] / sum[1][w]);
     }
   }
+  ring_ahead(sms, sink);
   const cudaError_t err = cudaDeviceSynchronize();
   if (err != cudaSuccess) {
     printf("CUDA error: %s\n", cudaGetErrorString(err));
