@@ -10,7 +10,8 @@
 // scales), in a CUDA graph of back-to-back launches as scripts/bench_kernel.py times them, three ways: plain launches;
 // programmatic dependent launch with every read after the wait for the previous launch (as activations must be); and
 // with every read before that wait (weights that no kernel writes, prefetched without limit). Per layer set it prints
-// the sums and the dense / 2:4 ratio each way (perf-log pd2).
+// the sums and the dense / 2:4 ratio each way (perf-log pd2), then the ring streamer with some of its copies ahead of
+// that wait (ring_ahead, perf-log ra1).
 //
 // Build and run on the H200 (no torch needed):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/bench_stream scripts/bench_stream_pattern.cu
