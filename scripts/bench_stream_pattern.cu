@@ -91,9 +91,13 @@ __global__ void __launch_bounds__(kThreads) stream_cp_async(const char* b, Shape
 
 // Thread 0 issues a stage as kRows bulk copies of 1 KB onto the stage's mbarrier; every thread waits on it. With
 // `ahead` >= 0 the launch is a programmatic dependent one, as the GEMMs' are: the next launch may start at once, and
-// the copies of the first `ahead` prologue stages go before the wait for the previous launch, the rest after it.
+// the copies of the first `ahead` prologue stages go before the wait for the previous launch, the rest after it. With
+// `acts`, each stage also takes 256 bytes of it (an activation row 128 deep, as a GEMM's at m = 1) by 16 threads'
+// cp.async after the wait, a group a stage, into shared memory after the ring, and waits for them too; with `spin`,
+// every thread then spends that many clock cycles on the stage, as a GEMM's compute chain does.
 template <int STAGES>
-__global__ void __launch_bounds__(kThreads) stream_bulk(const char* b, Shape s, uint32_t* sink, int ahead = -1) {
+__global__ void __launch_bounds__(kThreads) stream_bulk(const char* b, Shape s, uint32_t* sink, int ahead = -1,
+                                                        const int4* acts = nullptr, int spin = 0) {
   extern __shared__ __align__(1024) char smem[];
   __shared__ __align__(8) uint64_t full[STAGES];
   int t0, n;
@@ -120,12 +124,21 @@ __global__ void __launch_bounds__(kThreads) stream_bulk(const char* b, Shape s, 
           : "memory");
     }
   };
+  auto load_acts = [&](int i) {
+    if (acts != nullptr && threadIdx.x < 16 && i < n) {
+      const uint32_t dst = ring + STAGES * kTile + ((i % STAGES) * 16 + threadIdx.x) * 16;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(acts + (t0 + i) % 64 * 16 + threadIdx.x)
+                   : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
   const int first = ahead < 0 ? STAGES - 1 : min(ahead, STAGES - 1);
   if (ahead >= 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (threadIdx.x == 0) {
     for (int i = 0; i < first && i < n; ++i) load(i);
   }
   if (ahead >= 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  for (int i = 0; i < STAGES - 1; ++i) load_acts(i);
   if (threadIdx.x == 0) {
     for (int i = first; i < STAGES - 1 && i < n; ++i) load(i);
   }
@@ -138,9 +151,13 @@ __global__ void __launch_bounds__(kThreads) stream_bulk(const char* b, Shape s, 
             bar),
         "r"(parity)
         : "memory");
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
     __syncthreads();  // every thread is done with stage i - 1, whose slot the next load takes
     if (threadIdx.x == 0 && i + STAGES - 1 < n) load(i + STAGES - 1);
+    load_acts(i + STAGES - 1);
     x ^= consume(ring + (i % STAGES) * kTile);
+    if (acts != nullptr && threadIdx.x < 16) x ^= consume(ring + STAGES * kTile + (i % STAGES) * 256);
+    for (const int64_t t = clock64(); clock64() - t < spin;) x += 1;
   }
   if (x == 0x12345678) sink[0] = x;
 }
@@ -246,18 +263,20 @@ float graph_us(Launch&& launch, int copies, int reps) {
 // programmatic dependent launches in a CUDA graph, with 0, 1 or 3 of its prologue stages' copies before the wait for
 // the previous launch; each block alone (32 KB of shared memory) or padded to the 2:4 16 x 128 GEMM block's 107520
 // bytes, so that a later launch's block fits on an SM only once one of this launch's has left it; padded, also with
-// add_like after each launch, as add_parts_kernel follows a GEMM that splits strips. The 2:4 layers are streamed as
+// add_like after each launch, as add_parts_kernel follows a GEMM that splits strips, with that also an activation row a
+// stage copied after the wait (stream_bulk's `acts`), and with that also 600 cycles a stage of a GEMM's compute chain
+// (`spin`: perf-log ra2). The 2:4 layers are streamed as
 // dense ones of 3/4 the depth (their codes' and metadata's bytes, without scales; 11008 x 4096 rounded down to 64
 // tiles). Times are per streamer launch (with add_like's).
 void ring_ahead(int sms, uint32_t* sink) {
-  constexpr int kStages = 4, kGemmSmem = 107520, kVariants = 9;
+  constexpr int kStages = 4, kGemmSmem = 107520, kVariants = 15;
   cudaFuncSetAttribute(stream_bulk<kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemmSmem);
   const int aheads[] = {0, 1, 3};
   const int layers[][2] = {{4096, 12288}, {4096, 4096}, {4096, 22016}, {11008, 4096}, {8192, 10240}, {8192, 8192}};
   printf("\nring streamer, 2 blocks an SM, us: stages ahead of the wait 0 / 1 / 3 with blocks of 32 KB, 105 KB, "
-         "105 KB and add_like after each\n");
+         "105 KB and add_like after each, activations, a compute chain\n");
   printf("%-12s %-6s", "layer", "format");
-  for (const char* v : {"32K", "105K", "+parts"}) printf(" %6s a0 %6s a1 %6s a3", v, v, v);
+  for (const char* v : {"32K", "105K", "+parts", "+acts", "+chain"}) printf(" %6s a0 %6s a1 %6s a3", v, v, v);
   printf("\n");
   int4 *parts = nullptr, *out = nullptr;
   cudaMalloc(&parts, 8 << 20);
@@ -280,7 +299,8 @@ void ring_ahead(int sms, uint32_t* sink) {
         const int smem = v < 3 ? kStages * kTile : kGemmSmem, ahead = aheads[v % 3];
         const float us = graph_us(
             [&](int i, cudaStream_t st) {
-              launch(stream_bulk<kStages>, sms * 2, kThreads, smem, st, true, bufs[i], s, sink, ahead);
+              launch(stream_bulk<kStages>, sms * 2, kThreads, smem, st, true, bufs[i], s, sink, ahead,
+                     v >= 9 ? out : nullptr, v >= 12 ? 600 : 0);
               if (v >= 6) launch(add_like, strips, 128, 0, st, true, parts, out, n_parts);
             },
             copies, 20);
