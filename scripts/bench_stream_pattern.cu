@@ -18,8 +18,8 @@
 //   /tmp/bench_stream [floor]
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -127,8 +127,8 @@ __global__ void __launch_bounds__(kThreads) stream_bulk(const char* b, Shape s, 
   auto load_acts = [&](int i) {
     if (acts != nullptr && threadIdx.x < 16 && i < n) {
       const uint32_t dst = ring + STAGES * kTile + ((i % STAGES) * 16 + threadIdx.x) * 16;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(acts + (t0 + i) % 64 * 16 + threadIdx.x)
-                   : "memory");
+      const int4* src = acts + (t0 + i) % 64 * 16 + threadIdx.x;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
@@ -259,15 +259,15 @@ float graph_us(Launch&& launch, int copies, int reps) {
   return us;
 }
 
-// Part of `floor` (perf-log ra1): the 4-stage bulk-copy ring streamer at two blocks per SM, launched back to back as
-// programmatic dependent launches in a CUDA graph, with 0, 1 or 3 of its prologue stages' copies before the wait for
-// the previous launch; each block alone (32 KB of shared memory) or padded to the 2:4 16 x 128 GEMM block's 107520
-// bytes, so that a later launch's block fits on an SM only once one of this launch's has left it; padded, also with
-// add_like after each launch, as add_parts_kernel follows a GEMM that splits strips, with that also an activation row a
-// stage copied after the wait (stream_bulk's `acts`), and with that also 600 cycles a stage of a GEMM's compute chain
-// (`spin`: perf-log ra2). The 2:4 layers are streamed as
-// dense ones of 3/4 the depth (their codes' and metadata's bytes, without scales; 11008 x 4096 rounded down to 64
-// tiles). Times are per streamer launch (with add_like's).
+// Part of `floor` (perf-log ra1, ra2): the 4-stage bulk-copy ring streamer at two blocks per SM, launched back to back
+// as programmatic dependent launches in a CUDA graph, with 0, 1 or 3 of its prologue stages' copies before the wait
+// for the previous launch. Five columns of three: each block alone (32 KB of shared memory); padded to the 2:4 16 x 128
+// GEMM block's 107520 bytes, so that a later launch's block fits on an SM only once one of this launch's has left it;
+// padded with add_like after each launch, as add_parts_kernel follows a GEMM that splits strips; that with an
+// activation row a stage copied after the wait (stream_bulk's `acts`); that with 600 cycles a stage standing for a
+// GEMM's compute chain (`spin`). The 2:4 layers are streamed as dense ones of 3/4 the depth (their codes' and
+// metadata's bytes, without scales; 11008 x 4096 rounded down to 64 tiles). Times are per streamer launch, with its
+// add_like.
 void ring_ahead(int sms, uint32_t* sink) {
   constexpr int kStages = 4, kGemmSmem = 107520, kVariants = 15;
   cudaFuncSetAttribute(stream_bulk<kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemmSmem);
@@ -348,7 +348,9 @@ int floor_main(int sms) {
           const auto kernel = w == 0 ? read_all<Reads::kPlain> : w == 1 ? read_all<Reads::kAfterWait>
                                                                         : read_all<Reads::kBeforeWait>;
           us[w] = graph_us(
-              [&](int i, cudaStream_t st) { launch(kernel, sms * 8, kThreads, 0, st, w != 0, bufs[i], bytes / 16, sink); },
+              [&](int i, cudaStream_t st) {
+                launch(kernel, sms * 8, kThreads, 0, st, w != 0, bufs[i], bytes / 16, sink);
+              },
               copies, 20);
           sum[f][w] += us[w];
         }
