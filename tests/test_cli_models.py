@@ -145,6 +145,18 @@ def test_help_explains_every_option(run_cli) -> None:  # noqa: ANN001
         assert code == 0 and "--help" in stdout and "<bool>" not in stdout
 
 
+def test_help_paragraphs_follow_the_terminal(run_cli, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """A command's help paragraphs wrap at the terminal's width, not where its docstring's source lines end."""
+    from marlin_cli.cli.app import app
+
+    monkeypatch.setenv("COLUMNS", "400")
+    for command in app.registered_commands:
+        code, stdout, _ = run_cli(command.name, "--help")
+        lines = [line.strip() for line in stdout.splitlines()]
+        for paragraph in command.help.split("\n\n"):
+            assert code == 0 and paragraph in lines, f"{command.name}: {paragraph[:40]!r} is not one line"
+
+
 def test_version(run_cli) -> None:  # noqa: ANN001
     from marlin_cli import __version__
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import sys
+from collections.abc import Callable
 from importlib.metadata import version
 from typing import Annotated
 
@@ -44,11 +46,18 @@ def _options(
     pass
 
 
-app.command("quantize", epilog=EXAMPLES)(quantize_command)
-app.command("pack")(pack_command)
-app.command("verify")(verify_command)
-app.command("inspect")(inspect_command)
-app.command("build-kernels")(build_kernels_command)
+def _add_command(name: str, command: Callable[..., None], epilog: str | None = None) -> None:
+    """Register `command` with its docstring's paragraphs each on one line: Typer's help keeps the source's line
+    breaks, which would leave ragged paragraphs at any terminal width."""
+    paragraphs = inspect.cleandoc(command.__doc__ or "").split("\n\n")
+    app.command(name, help="\n\n".join(" ".join(p.split()) for p in paragraphs), epilog=epilog)(command)
+
+
+_add_command("quantize", quantize_command, epilog=EXAMPLES)
+_add_command("pack", pack_command)
+_add_command("verify", verify_command)
+_add_command("inspect", inspect_command)
+_add_command("build-kernels", build_kernels_command)
 
 INTERNAL_ERROR = 3
 

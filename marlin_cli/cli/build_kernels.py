@@ -8,9 +8,9 @@ from marlin_cli.cli.common import JsonOpt, Timer, err_console, print_json
 def build_kernels_command(json_out: JsonOpt = False) -> None:
     """Compile the CUDA kernels for the GPU present (sm_80 or newer) into the per-user cache.
 
-    A compute capability 9.0 GPU (H100, H200) is built for 9.0a, which adds the wgmma kernels for batches above 8.
+    A compute capability 9.0 GPU (H100, H200) is built for 9.0a, which adds the Hopper kernels (wgmma, wgmma.sp).
 
-    Set TORCH_CUDA_ARCH_LIST (e.g. "8.0;9.0a") to build for other architectures (without 9.0a: no wgmma kernel).
+    Set TORCH_CUDA_ARCH_LIST (e.g. "8.0;9.0a") to build for other architectures (without 9.0a: no Hopper kernel).
     """
     from marlin_cli.kernel import build
 
