@@ -99,6 +99,8 @@ class MarlinLinear(nn.Module):
 def quantization_config(path: Path) -> dict[str, Any]:
     """The checkpoint's quantization_config, checked field by field; CheckpointError naming the field otherwise."""
     where = path / "config.json"
+    if not where.is_file():
+        raise CheckpointError(f"{path}: no config.json; give a checkpoint directory written by marlin quantize or pack")
     qc = read_json_object(where).get("quantization_config")
     if not isinstance(qc, dict) or qc.get("quant_method") != "marlin":
         raise CheckpointError(f"{where}: no Marlin quantization_config (quant_method 'marlin')")

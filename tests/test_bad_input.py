@@ -148,6 +148,18 @@ def test_output_that_is_the_input(llama_copy: Path, run_cli) -> None:  # noqa: A
     assert (llama_copy / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+@pytest.mark.parametrize("where", ["missing", "empty"])
+def test_not_a_checkpoint(command: str, where: str, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    path = tmp_path / where
+    if where == "empty":
+        path.mkdir()
+    code, stdout, stderr = run_cli(command, path)
+    message = " ".join(stderr.split())
+    assert code == 2 and stdout == "" and "Traceback" not in stderr and f"{path}: " in message, stderr
+    assert "give" in message, "the message says what is expected"
+
+
 def test_verify_rejects_tampered_checkpoint(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "w4"
     assert run_cli("pack", tiny_models("llama"), out)[0] == 0

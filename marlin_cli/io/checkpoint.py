@@ -161,7 +161,7 @@ class Checkpoint:
             files = sorted(p.name for p in path.glob("*.safetensors"))
             weight_map = None
         if not files:
-            raise CheckpointError(f"{path}: no *.safetensors files")
+            raise CheckpointError(f"{path}: no *.safetensors files; give the directory that holds the weights")
         self.headers: dict[str, dict[str, Any]] = {}
         self.file_of: dict[str, str] = {}
         for fname in files:
