@@ -105,6 +105,20 @@ def test_pack_rtn_and_shards(tiny_models, run_cli, tmp_path: Path) -> None:  # n
     assert run_cli("verify", out)[0] == 0
 
 
+def test_tables_keep_layer_names_whole_in_a_log(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    """With stderr not a terminal (a CI job's log), the tables keep their natural width: each layer name stays on one
+    line, where rich's default of 80 columns folded it over several."""
+    out = tmp_path / "packed"
+    code, _, stderr = run_cli("pack", tiny_models("llama"), out)
+    assert code == 0, stderr
+    names = json.loads((out / "config.json").read_text())["quantization_config"]["quantized_modules"]
+    assert all(len(name) > 20 for name in names)
+    code, _, verified = run_cli("verify", out)
+    assert code == 0, verified
+    for text in (stderr, verified):
+        assert all(name in text for name in names)
+
+
 def test_existing_output_needs_force(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "w4"
     out.mkdir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 if TYPE_CHECKING:
     from marlin_cli.pipeline import Progress as Event
 
-err_console = Console(stderr=True)
+# A log (stderr not a terminal, no COLUMNS) has no width: tables and lines keep their natural width there instead of
+# rich's default 80 columns, which folded each layer name over several lines of a CI job's log.
+LOG_WIDTH = 1000
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() or "COLUMNS" in os.environ else LOG_WIDTH)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout (logs stay on stderr).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists (it is swapped in atomically).")]
