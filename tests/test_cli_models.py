@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -117,6 +118,39 @@ def test_tables_keep_layer_names_whole_in_a_log(tiny_models, run_cli, tmp_path: 
     assert code == 0, verified
     for text in (stderr, verified):
         assert all(name in text for name in names)
+
+
+def test_progress_lines_in_a_log(tiny_models, run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """With stderr not a terminal, where rich would draw its bars once at the end, progress is a line when a stage
+    starts, when it ends and every LOG_INTERVAL seconds between, each with the peak memory so far."""
+    from marlin_cli.cli import common
+
+    def layer_lines(out: Path) -> list[str]:
+        code, _, stderr = run_cli("quantize", tiny_models("llama"), out, *FAST)
+        assert code == 0, stderr
+        return [line for line in stderr.splitlines() if line.startswith("layers ")]
+
+    monkeypatch.setattr(common, "LOG_INTERVAL", 1e9)
+    first, last = layer_lines(tmp_path / "a")
+    total = int(last.split()[1].split("/")[1])
+    assert first.startswith(f"layers     1/{total} ") and last.startswith(f"layers     {total}/{total} ")
+    assert "[host " in first and "GiB]" in last
+    monkeypatch.setattr(common, "LOG_INTERVAL", 0.0)
+    assert len(layer_lines(tmp_path / "b")) == total
+
+
+def test_progress_bars_show_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a terminal the bars' detail shows the memory figures: as rich markup, "[host 0.6 GiB]" vanished."""
+    from rich.console import Console
+
+    from marlin_cli.cli import common
+    from marlin_cli.pipeline import Progress
+
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=200)
+    monkeypatch.setattr(common, "err_console", terminal)
+    with common.ProgressView() as view:
+        view(Progress("layers", 1, 2, "model.layers.0.self_attn.q_proj"))
+    assert "model.layers.0.self_attn.q_proj  [host " in terminal.file.getvalue()
 
 
 def test_existing_output_needs_force(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001

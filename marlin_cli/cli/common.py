@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Annotated, Any
@@ -46,20 +47,30 @@ def memory() -> str:
     return text
 
 
+# Seconds between a stage's progress lines in a log.
+LOG_INTERVAL = 30.0
+
+
 class ProgressView:
-    """Rich progress bars on stderr, one per pipeline stage; usable as the pipeline's on_progress callback."""
+    """Progress on stderr, one entry per pipeline stage; usable as the pipeline's on_progress callback. In a terminal,
+    rich progress bars. In a log (stderr not a terminal), where rich would draw the bars only once, at the end, a
+    line when a stage starts, when it ends and at most every LOG_INTERVAL seconds between, so that a long run in a CI
+    job shows where it is."""
 
     def __init__(self, enabled: bool = True) -> None:
+        self.lines = enabled and not err_console.is_terminal
         self.progress = Progress(
             TextColumn("{task.description:<10}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TextColumn("{task.fields[detail]}"),
+            TextColumn("{task.fields[detail]}", markup=False),  # as markup, "[host 0.6 GiB]" would vanish
             console=err_console,
-            disable=not enabled,
+            disable=not enabled or self.lines,
         )
         self.tasks: dict[str, TaskID] = {}
+        self.started: dict[str, float] = {}  # stage -> when its first event came
+        self.last_line: dict[str, float] = {}  # stage -> when its last line was printed
 
     def __enter__(self) -> ProgressView:
         self.progress.start()
@@ -70,9 +81,26 @@ class ProgressView:
 
     def __call__(self, event: Event) -> None:
         detail = f"{event.detail}  [{memory()}]"
+        if self.lines:
+            self.line(event, detail)
+            return
         if event.stage not in self.tasks:
             self.tasks[event.stage] = self.progress.add_task(event.stage, total=event.total, detail=detail)
         self.progress.update(self.tasks[event.stage], completed=event.done, total=event.total, detail=detail)
+
+    def line(self, event: Event, detail: str) -> None:
+        now = time.monotonic()
+        start = self.started.setdefault(event.stage, now)
+        last = self.last_line.get(event.stage)
+        if last is None or event.done >= event.total or now - last >= LOG_INTERVAL:
+            self.last_line[event.stage] = now
+            elapsed = timedelta(seconds=int(now - start))
+            err_console.print(
+                f"{event.stage:<10} {event.done}/{event.total} {elapsed} {detail}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def print_json(data: Any) -> None:
