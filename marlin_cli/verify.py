@@ -21,6 +21,7 @@ from marlin_cli.kernel import ops, reference
 from marlin_cli.model.load import open_model, open_tokenizer
 from marlin_cli.model.run import inference
 from marlin_cli.nn import is_sparse24, load_quantized, quantization_config
+from marlin_cli.pipeline import Progress, ProgressFn
 
 # mean|C - C_ref| / mean|C_ref| allowed between the kernel and the float32 reference: fp16 rounding of the output
 # (2^-11 relative at most) plus a different fp32 accumulation order stay well below this.
@@ -41,7 +42,9 @@ class LayerCheck:
     seconds: float = 0.0
 
 
-def verify_checkpoint(path: Path, device: str | None = None, seed: int = 0) -> list[LayerCheck]:
+def verify_checkpoint(
+    path: Path, device: str | None = None, seed: int = 0, on_progress: ProgressFn = lambda _: None
+) -> list[LayerCheck]:
     """Check every quantized layer of the checkpoint in `path`; tensors are re-read from disk."""
     qc = quantization_config(path)
     store = Checkpoint(path)
@@ -50,7 +53,9 @@ def verify_checkpoint(path: Path, device: str | None = None, seed: int = 0) -> l
     checks = []
     sparse = is_sparse24(path, qc)
     op, ref = (ops.gemm24, reference.gemm24) if sparse else (ops.gemm, reference.gemm)
-    for name, (k, n) in sorted(qc["quantized_modules"].items()):
+    layers = sorted(qc["quantized_modules"].items())
+    for i, (name, (k, n)) in enumerate(layers):
+        on_progress(Progress("layers", i, len(layers), name))
         started = time.perf_counter()
         groups = 1 if qc["group_size"] == -1 else k // qc["group_size"]
         check = LayerCheck(name, k, n, groups, ops.kernel_name(dev), None, False)
@@ -69,20 +74,28 @@ def verify_checkpoint(path: Path, device: str | None = None, seed: int = 0) -> l
                 check.problem = f"kernel differs from the reference by {check.error:.2e} (> {TOLERANCE:.0e})"
         check.seconds = round(time.perf_counter() - started, 4)
         checks.append(check)
+    on_progress(Progress("layers", len(layers), len(layers), "done"))
     return checks
 
 
-def checksum_problems(path: Path) -> list[str]:
-    """Shards whose sha256 differs from the one the quantization report recorded (nothing to check without one)."""
+def checksum_problems(path: Path, on_progress: ProgressFn = lambda _: None) -> list[str]:
+    """Shards whose sha256 differs from the one the quantization report recorded (nothing to check without a report;
+    a report without the checksums is a problem: it was changed or cut short)."""
+    if not (path / REPORT).is_file():
+        return []
     try:
         recorded = json.loads((path / REPORT).read_text())["files"]["shards"]
     except (OSError, ValueError, KeyError, TypeError):
-        return []
-    return [
-        f"{name}: sha256 differs from {REPORT} (the file changed after it was written)"
-        for name, want in sorted(recorded.items())
-        if not (path / name).is_file() or sha256(path / name) != want
-    ]
+        recorded = None
+    if not isinstance(recorded, dict):
+        return [f"{REPORT}: no files.shards mapping of shard names to sha256 digests, so the shards cannot be checked"]
+    problems = []
+    for i, (name, want) in enumerate(sorted(recorded.items())):
+        on_progress(Progress("checksums", i, len(recorded), name))
+        if not (path / name).is_file() or sha256(path / name) != want:
+            problems.append(f"{name}: sha256 differs from {REPORT} (the file changed after it was written)")
+    on_progress(Progress("checksums", len(recorded), len(recorded), "done"))
+    return problems
 
 
 def _expected_tensors(

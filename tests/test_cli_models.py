@@ -137,6 +137,9 @@ def test_progress_lines_in_a_log(tiny_models, run_cli, tmp_path: Path, monkeypat
     assert "[host " in first and "GiB]" in last
     monkeypatch.setattr(common, "LOG_INTERVAL", 0.0)
     assert len(layer_lines(tmp_path / "b")) == total
+    code, _, stderr = run_cli("verify", tmp_path / "b")  # verify reports its layers and checksums the same way
+    assert code == 0, stderr
+    assert f"layers     {total}/{total} " in stderr and "checksums  1/1 " in stderr
 
 
 def test_progress_bars_show_memory(monkeypatch: pytest.MonkeyPatch) -> None:

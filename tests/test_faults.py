@@ -85,6 +85,12 @@ def test_verify_rejects_a_changed_shard(tiny_models, run_cli, tmp_path: Path) ->
     report = json.loads(stdout)
     assert not report["passed"] and shard.name in report["checksum_problems"][0]
 
+    # a report without readable checksums (changed, or cut short) fails the check, not the command
+    for text in (json.dumps({"files": {"shards": [shard.name]}}), '{"files": {"sha'):
+        (out / "quantization_report.json").write_text(text)
+        code, _, stderr = run_cli("verify", out)
+        assert code == 1 and "no files.shards mapping" in stderr and "internal error" not in stderr
+
 
 def test_hub_model_with_remote_code_needs_a_revision(run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     code, _, stderr = run_cli("quantize", "some-org/some-model", tmp_path / "out", "--trust-remote-code")

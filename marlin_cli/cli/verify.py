@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from marlin_cli.cli.common import DeviceOpt, JsonOpt, Timer, err_console, note_kernel_build, print_json
+from marlin_cli.cli.common import DeviceOpt, JsonOpt, ProgressView, Timer, err_console, note_kernel_build, print_json
 from marlin_cli.errors import CheckpointError, VerificationFailed
 
 
@@ -41,9 +41,10 @@ def verify_command(
 
     timer = Timer()
     note_kernel_build(device)
-    checks = verify_checkpoint(ckpt, device, seed)
+    with ProgressView(enabled=not json_out) as view:
+        checks = verify_checkpoint(ckpt, device, seed, view)
+        tampered = checksum_problems(ckpt, view)
     failed = [c for c in checks if not c.passed]
-    tampered = checksum_problems(ckpt)
     whole = model_check(ckpt, original or recorded_source(ckpt), device) if model_check_ else None
     if json_out:
         print_json(
@@ -78,7 +79,7 @@ def verify_command(
     for problem in tampered:
         err_console.print(f"[red]FAIL[/] {problem}", highlight=False, soft_wrap=True)
     if tampered:
-        raise VerificationFailed(f"{len(tampered)} shard(s) do not match their recorded checksums: {tampered[0]}")
+        raise VerificationFailed(f"the shards' checksums do not check out ({len(tampered)} problem(s)): {tampered[0]}")
     if failed:
         raise VerificationFailed(
             f"{len(failed)} of {len(checks)} layers failed verification (first: {failed[0].name}: {failed[0].problem})"
