@@ -160,6 +160,25 @@ def test_not_a_checkpoint(command: str, where: str, run_cli, tmp_path: Path) -> 
     assert "give" in message, "the message says what is expected"
 
 
+def test_text_is_printed_as_it_is(tiny_models, run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Paths and error texts are never read as rich markup: "[v2]" stays in a path, and "[/x]" in an exception's
+    text does not turn the internal-error line itself into a crash."""
+    import marlin_cli.verify
+
+    out = tmp_path / "[v2]w4"
+    code, _, stderr = run_cli("pack", tiny_models("llama"), out)
+    assert code == 0 and f"-> {out}" in stderr, stderr
+    code, _, stderr = run_cli("inspect", tmp_path / "[v2]missing")
+    assert code == 2 and "[v2]missing: " in stderr, stderr
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("closing [/x] tag")
+
+    monkeypatch.setattr(marlin_cli.verify, "verify_checkpoint", broken)
+    code, _, stderr = run_cli("verify", out)
+    assert code == 3 and "internal error: RuntimeError: closing [/x] tag" in stderr, stderr
+
+
 def test_verify_rejects_tampered_checkpoint(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "w4"
     assert run_cli("pack", tiny_models("llama"), out)[0] == 0

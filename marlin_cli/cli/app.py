@@ -11,11 +11,10 @@ from importlib.metadata import version
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
 from marlin_cli import __version__
 from marlin_cli.cli.build_kernels import build_kernels_command
-from marlin_cli.cli.common import err_console
+from marlin_cli.cli.common import err_console, flagged
 from marlin_cli.cli.inspect import inspect_command
 from marlin_cli.cli.pack import pack_command
 from marlin_cli.cli.quantize import EXAMPLES, quantize_command
@@ -92,7 +91,7 @@ def main() -> None:
     try:
         app(standalone_mode=True)
     except MarlinError as e:
-        err_console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        err_console.print(flagged("error:", "red", str(e)), highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except (KeyboardInterrupt, Terminated) as e:
         err_console.print("interrupted; no output was left behind")
@@ -100,14 +99,19 @@ def main() -> None:
     except Exception as e:
         if _out_of_gpu_memory(e):
             err_console.print(
-                "[red]error:[/] the GPU ran out of memory; nothing was written. Lower --nsamples or --seqlen, free "
-                "the GPU, or run with --device cpu",
+                flagged(
+                    "error:",
+                    "red",
+                    "the GPU ran out of memory; nothing was written. Lower --nsamples or --seqlen, free the GPU, or "
+                    "run with --device cpu",
+                ),
                 soft_wrap=True,
             )
             sys.exit(2)
         if os.environ.get("MARLIN_DEBUG"):  # a bug: say so, keep the traceback one variable away
             raise
         err_console.print(
-            f"[red]internal error:[/] {type(e).__name__}: {e} (set MARLIN_DEBUG=1 for the traceback)", soft_wrap=True
+            flagged("internal error:", "red", f"{type(e).__name__}: {e} (set MARLIN_DEBUG=1 for the traceback)"),
+            soft_wrap=True,
         )
         sys.exit(INTERNAL_ERROR)

@@ -14,14 +14,24 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 if TYPE_CHECKING:
     from marlin_cli.pipeline import Progress as Event
 
 # A log (stderr not a terminal, no COLUMNS) has no width: tables and lines keep their natural width there instead of
-# rich's default 80 columns, which folded each layer name over several lines of a CI job's log.
+# rich's default 80 columns, which folded each layer name over several lines of a CI job's log. No markup: paths,
+# layer names and error texts are printed as they are (rich would drop "[v2]" from a path); colour goes in as Text.
 LOG_WIDTH = 1000
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() or "COLUMNS" in os.environ else LOG_WIDTH)
+err_console = Console(
+    stderr=True, markup=False, width=None if sys.stderr.isatty() or "COLUMNS" in os.environ else LOG_WIDTH
+)
+
+
+def flagged(flag: str, style: str, message: str = "") -> Text:
+    """`flag` in colour, then `message` as it is: "error: ...", "FAIL ..."."""
+    return Text.assemble((flag, style), f" {message}" if message else "")
+
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout (logs stay on stderr).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists (it is swapped in atomically).")]
@@ -97,7 +107,6 @@ class ProgressView:
             elapsed = timedelta(seconds=int(now - start))
             err_console.print(
                 f"{event.stage:<10} {event.done}/{event.total} {elapsed} {detail}",
-                markup=False,
                 highlight=False,
                 soft_wrap=True,
             )

@@ -10,7 +10,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from marlin_cli.cli.common import DeviceOpt, JsonOpt, ProgressView, Timer, err_console, note_kernel_build, print_json
+from marlin_cli.cli.common import (
+    DeviceOpt,
+    JsonOpt,
+    ProgressView,
+    Timer,
+    err_console,
+    flagged,
+    note_kernel_build,
+    print_json,
+)
 from marlin_cli.errors import CheckpointError, VerificationFailed
 
 
@@ -64,7 +73,7 @@ def verify_command(
             table.add_column(col, overflow="fold")
         for c in checks:
             err = f"{c.error:.2e}" if c.error is not None else "-"
-            result = "[green]ok[/]" if c.passed else f"[red]FAIL[/] {c.problem}"
+            result = flagged("ok", "green") if c.passed else flagged("FAIL", "red", c.problem or "")
             table.add_row(c.name, f"{c.in_features} x {c.out_features}", str(c.groups), c.kernel, err, result)
         err_console.print(table)
         if whole is not None and whole.kind == "logits":
@@ -77,7 +86,7 @@ def verify_command(
                 f"model check vs {whole.original}: {whole.tokens} tokens, hidden-state cosine {whole.cosine:.4f}"
             )
     for problem in tampered:
-        err_console.print(f"[red]FAIL[/] {problem}", highlight=False, soft_wrap=True)
+        err_console.print(flagged("FAIL", "red", problem), highlight=False, soft_wrap=True)
     if tampered:
         raise VerificationFailed(f"the shards' checksums do not check out ({len(tampered)} problem(s)): {tampered[0]}")
     if failed:
