@@ -175,9 +175,8 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
             job, source, loaded.config, model, blocks_name, blocks, device, on_progress
         )
 
-    packed: dict[str, torch.Tensor] = {}
-    kept: dict[str, torch.Tensor] = {}  # block tensors written as they are (norms, biases, unquantized layers)
     quantized = packed_layers(plan)
+    tied = tied_names(model)
     solved: list[str] = []
     total = sum(r.status == "quantized" for r in plan.values())
 
@@ -185,7 +184,17 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
         solved.append(name)
         on_progress(Progress("layers", len(solved), total, name))
 
-    with inference():
+    # Shards are written as they fill, block by block: the host never holds the whole output.
+    with ckpt.staging_dir(job.output, job.force) as tmp, inference():
+        writer = ckpt.ShardWriter(tmp, job.output, job.max_shard_size)
+
+        def keep(tensors: dict[str, torch.Tensor]) -> None:
+            """Into the checkpoint as they were, in their original dtypes."""
+            for name, t in tensors.items():
+                if name not in tied:
+                    writer.add(name, t.to(dtypes[name]))
+
+        keep(outside)
         for b, block in enumerate(blocks):
             on_progress(Progress("quantize", b, len(blocks), f"block {b + 1}/{len(blocks)}"))
             prefix = f"{blocks_name}.{b}"
@@ -193,28 +202,43 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
                 load_tensors(block, loaded.store, f"{prefix}.")
             originals = {f"{prefix}.{k}": v for k, v in block.state_dict().items()}
             dtypes.update({k: v.dtype for k, v in originals.items()})
-            kept.update({k: v for k, v in originals.items() if k.removesuffix(".weight") not in quantized})
             block.to(device)
             if device.type == "cpu":
                 block.float()
+            packed: dict[str, torch.Tensor] = {}
             _quantize_block(prefix, block, inputs, job, plan, packed, on_layer)
-            block.to_empty(device="meta")  # done: its outputs feed the next block, its tensors are in `kept`/`packed`
+            block.to_empty(device="meta")  # done: its outputs feed the next block, its tensors go to the writer
+            keep({k: v for k, v in originals.items() if k.removesuffix(".weight") not in quantized})
+            for name, t in packed.items():
+                writer.add(name, t)
         on_progress(Progress("quantize", len(blocks), len(blocks), "done"))
 
-    report = {
-        "marlin_cli_version": __version__,
-        "model": job.model,
-        "source": str(source),
-        "format": job.format.value,
-        "quantization": job.quant.to_dict(),
-        "calibration": {**job.calib.to_dict(), "tokens": tokens} if inputs is not None else None,
-        "device": str(device),
-        "layers": [asdict(r) for r in plan.values()],
-    }
-    on_progress(Progress("write", 0, 1, str(job.output)))
-    _write(job, loaded, model, {**outside, **kept}, dtypes, plan, packed, report, started)
+        report = {
+            "marlin_cli_version": __version__,
+            "model": job.model,
+            "source": str(source),
+            "format": job.format.value,
+            "quantization": job.quant.to_dict(),
+            "calibration": {**job.calib.to_dict(), "tokens": tokens} if inputs is not None else None,
+            "device": str(device),
+            "layers": [asdict(r) for r in plan.values()],
+        }
+        on_progress(Progress("write", 0, 1, str(job.output)))
+        _write(job, loaded, model, writer, plan, report, started)
     on_progress(Progress("write", 1, 1, str(job.output)))
     return report
+
+
+def tied_names(model: nn.Module) -> set[str]:
+    """Names of parameters that are another's (tied weights: a head that shares the embedding): stored once, under
+    the first name; loaders re-tie them."""
+    first: set[int] = set()
+    tied = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            tied.add(name)
+        first.add(id(p))
+    return tied
 
 
 def plan_layers(blocks_name: str, blocks: nn.ModuleList, cfg: QuantConfig) -> dict[str, LayerReport]:
@@ -477,26 +501,15 @@ def _write(
     job: Job,
     loaded: Any,
     model: nn.Module,
-    state: dict[str, torch.Tensor],
-    dtypes: dict[str, torch.dtype],
+    writer: ckpt.ShardWriter,
     plan: dict[str, LayerReport],
-    packed: dict[str, torch.Tensor],
     report: dict[str, Any],
     started: float,
 ) -> None:
-    replaced = {f"{name}.weight" for name in packed_layers(plan)}
-    tensors: dict[str, torch.Tensor] = {}
-    seen_storage: set[int] = set()
-    for name, t in state.items():
-        ptr = t.untyped_storage().data_ptr()
-        if name in replaced or ptr in seen_storage:  # tied weights are stored once; loaders re-tie them
-            continue
-        seen_storage.add(ptr)
-        tensors[name] = t.to(dtypes[name])
-    tensors.update(packed)
-    sizes = {n: t.numel() * t.element_size() for n, t in tensors.items()}
-    with ckpt.staging_dir(job.output, job.force) as tmp:
-        sums = ckpt.write_shards(tmp, sorted(tensors), tensors.__getitem__, sizes, job.max_shard_size)
+    """The last shard, the index, config.json, the side files and the report, into the writer's directory."""
+    sums = writer.finish()
+    tmp = writer.directory
+    with ckpt.writing(job.output):
         loaded.config.save_pretrained(tmp)
         data = json.loads((tmp / "config.json").read_text())
         done = packed_layers(plan)
@@ -518,7 +531,7 @@ def _write(
             "rtn_error_sum": rtn_err,
             "error_vs_rtn": err / rtn_err if rtn_err else None,
             "error_vs_magnitude": err / magnitude_err if magnitude_err else None,
-            "bytes": sum(sizes.values()),
+            "bytes": writer.total_bytes,
             "seconds": round(time.perf_counter() - started, 2),
             **peak_memory(),
         }

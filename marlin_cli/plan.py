@@ -18,7 +18,7 @@ from marlin_cli.io import checkpoint as ckpt
 from marlin_cli.io.safetensors_check import read_header
 from marlin_cli.model.layout import find_blocks
 from marlin_cli.model.load import calibration_length, resolve
-from marlin_cli.pipeline import Job, host_memory, plan_layers
+from marlin_cli.pipeline import Job, host_memory, plan_layers, tied_names
 
 GIB = 2**30
 # Host memory a GPU run adds once CUDA starts: its context, cuBLAS and cuSOLVER (0.9 GiB measured on the H200,
@@ -41,8 +41,14 @@ def dry_run(job: Job) -> dict[str, Any]:
     plan = plan_layers(blocks_name, blocks, job.quant)
     dtype = _checkpoint_dtype(source)
 
+    # in the order the run writes them: what lies outside the blocks, then block by block; tied weights once
+    tied = tied_names(model)
+    state = model.state_dict()
     sizes: dict[str, int] = {}
-    for name, t in model.state_dict().items():
+    for name in sorted(state, key=lambda n: n.startswith(f"{blocks_name}.")):  # stable: the blocks keep their order
+        if name in tied:
+            continue
+        t = state[name]
         prefix = name.removesuffix(".weight")
         layer = plan.get(prefix)
         if layer is not None and layer.status == "quantized" and name.endswith(".weight"):
@@ -85,15 +91,14 @@ def dry_run(job: Job) -> dict[str, Any]:
         "shards": len(shards),
         "output_bytes": sum(sizes.values()),
         "estimated_peak_gpu_gib": round((block_bytes + working) / GIB, 2),
-        # blocks are read one at a time: what lies outside them, one block, the packed output, one shard being written;
-        # and the process itself, and on a CPU the calibration activations and the solve's matrices too
+        # blocks are read one at a time and shards written as they fill: what lies outside the blocks, one block, one
+        # shard; and the process itself, and on a CPU the calibration activations and the solve's matrices too
         "estimated_peak_host_gib": round(
             (
                 _process_bytes(device)
                 + (0 if device.type == "cuda" else working)
                 + outside
                 + block_bytes
-                + sum(sizes.values())
                 + max(sum(sizes[n] for n in shard) for shard in shards)
             )
             / GIB,

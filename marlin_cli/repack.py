@@ -250,10 +250,12 @@ def _write(
     report: dict[str, Any],
     started: float,
 ) -> None:
-    sizes = {n: t.numel() * t.element_size() for n, t in tensors.items()}
     config = _read(job.source / "config.json")
-    with ckpt.staging_dir(job.output, job.force) as tmp:
-        sums = ckpt.write_shards(tmp, sorted(tensors), tensors.__getitem__, sizes, job.max_shard_size)
+    with ckpt.staging_dir(job.output, job.force) as tmp, ckpt.writing(job.output):
+        writer = ckpt.ShardWriter(tmp, job.output, job.max_shard_size)
+        for name in sorted(tensors):
+            writer.add(name, tensors[name])
+        sums = writer.finish()
         config["quantization_config"] = qc
         ckpt.write_json(tmp / "config.json", config)
         if job.format is OutputFormat.GPTQ:
@@ -268,7 +270,7 @@ def _write(
             "error_sum": err,  # added by --requantize (0 for an exact conversion)
             "rtn_error_sum": err if report["requantized"] else None,
             "error_vs_rtn": None,
-            "bytes": sum(sizes.values()),
+            "bytes": writer.total_bytes,
             "seconds": round(time.perf_counter() - started, 2),
             **peak_memory(),
         }

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from marlin_cli.errors import CheckpointError, ModelError
-from marlin_cli.io.checkpoint import Checkpoint, parse_size, plan_shards
+from marlin_cli.io.checkpoint import INDEX, Checkpoint, ShardWriter, parse_size, plan_shards, sha256
 from marlin_cli.io.safetensors_check import read_header
 from marlin_cli.model.layout import find_blocks
 
@@ -72,3 +72,23 @@ def test_shard_plan_and_sizes() -> None:
     assert plan_shards({"a": 6, "b": 6, "c": 20, "d": 1}, 10) == [["a"], ["b"], ["c"], ["d"]]
     assert plan_shards({"a": 3, "b": 3, "c": 3}, 10) == [["a", "b", "c"]]
     assert parse_size("5GB") == 5 * 10**9 and parse_size("500MB") == 5 * 10**8 and parse_size("1024") == 1024
+
+
+def test_shard_writer_writes_the_planned_shards(tmp_path: Path) -> None:
+    """Tensors in the order they come, in the shards plan_shards gives for that order; named, hashed and indexed."""
+    sizes = {"d": 6, "b": 6, "c": 20, "a": 1, "e": 2}  # bytes: int8 tensors; an order that is not sorted
+    tensors = {n: torch.randint(-128, 127, (size,), dtype=torch.int8) for n, size in sizes.items()}
+    writer = ShardWriter(tmp_path, tmp_path, max_bytes=10)
+    for name, t in tensors.items():
+        writer.add(name, t)
+    sums = writer.finish()
+    plan = plan_shards(sizes, 10)
+    assert plan == [["d"], ["b"], ["c"], ["a", "e"]]
+    files = [f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*files, INDEX])
+    assert sums == {f: sha256(tmp_path / f) for f in files}
+    index = json.loads((tmp_path / INDEX).read_text())
+    assert index["weight_map"] == {n: files[i] for i, shard in enumerate(plan) for n in shard}
+    assert index["metadata"]["total_size"] == writer.total_bytes == sum(sizes.values())
+    store = Checkpoint(tmp_path)
+    assert all(torch.equal(store.tensor(n), t) for n, t in tensors.items())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file
 
 from marlin_cli.model.load import open_model
 from marlin_cli.nn import MarlinLinear, load_quantized
@@ -243,3 +244,34 @@ def test_blocks_are_read_one_at_a_time(tiny_models, tmp_path: Path, monkeypatch:
     lazy_t, eager_t = (load_file(next((tmp_path / d).glob("*.safetensors"))) for d in ("lazy", "eager"))
     assert lazy_t.keys() == eager_t.keys()
     assert all(torch.equal(lazy_t[k], eager_t[k]) and lazy_t[k].dtype == eager_t[k].dtype for k in lazy_t)
+
+
+def test_shards_are_written_as_they_fill(tiny_models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Shards go to disk while blocks are still being quantized, so the host never holds the whole output; the
+    checkpoint holds every tensor once (GPT-2's head, tied to its embedding, not at all) and its byte count."""
+    from marlin_cli.config import CalibConfig, QuantConfig
+    from marlin_cli.io import checkpoint as ckpt
+    from marlin_cli.pipeline import Job, Progress, quantize
+
+    events: list[str] = []
+    flush = ckpt.ShardWriter._flush
+    monkeypatch.setattr(ckpt.ShardWriter, "_flush", lambda self: (events.append("shard"), flush(self))[1])
+
+    def on_progress(p: Progress) -> None:
+        if p.stage == "quantize" and p.done < p.total:
+            events.append(f"block {p.done + 1}/{p.total}")
+
+    for kind in ("llama", "gpt2"):
+        events.clear()
+        out = tmp_path / kind
+        calib = CalibConfig(nsamples=8, seqlen=64)
+        job = Job(model=str(tiny_models(kind)), output=out, quant=QuantConfig(), calib=calib, max_shard_size=10**5)
+        report = quantize(job, on_progress)
+        blocks = [i for i, e in enumerate(events) if e.startswith("block ")]
+        assert len(blocks) > 1 and "shard" in events[blocks[0] : blocks[-1]], f"{kind}: {events}"
+        shards = sorted(out.glob("model-*.safetensors"))
+        assert len(shards) == events.count("shard") and not list(out.glob("shard-*"))
+        names = [n for f in shards for n in load_file(f)]
+        assert len(names) == len(set(names)) and ("lm_head.weight" in names) == (kind == "llama")
+        headers = sum(8 + int.from_bytes(f.read_bytes()[:8], "little") for f in shards)
+        assert report["summary"]["bytes"] == sum(f.stat().st_size for f in shards) - headers

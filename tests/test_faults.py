@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +26,21 @@ def test_staging_directory_is_removed_on_interrupt(tmp_path: Path) -> None:
             (tmp / "model-00001-of-00001.safetensors").write_bytes(b"partial")
             raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
+
+
+def test_staging_directories_of_killed_runs_are_removed(tmp_path: Path) -> None:
+    """A run killed outright (SIGKILL, the out-of-memory killer) leaves its hidden staging directory, with the shards
+    written so far; the next run to the same output on this machine removes it, and leaves a live run's alone."""
+    out, host = tmp_path / "out", socket.gethostname()
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f".out.partial-{host}-{finished.stdout.strip()}"
+    live = tmp_path / f".out.partial-{host}-{os.getppid()}"
+    for d in (dead, live):
+        d.mkdir()
+        (d / "shard-1.safetensors").write_bytes(b"partial")
+    with staging_dir(out, force=False) as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "out"])
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])

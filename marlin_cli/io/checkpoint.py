@@ -7,7 +7,8 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+import socket
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -50,21 +51,46 @@ def check_output(output: Path, force: bool, sources: list[Path]) -> None:
 
 
 @contextmanager
-def staging_dir(output: Path, force: bool) -> Iterator[Path]:
-    """A temporary sibling of `output` that becomes `output` only if the block completes; removed on any failure."""
-    tmp = output.parent / f".{output.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+def writing(output: Path) -> Iterator[None]:
+    """What the operating system or safetensors refuse while `output` is written (full disk, quota, size limit,
+    permissions) as a CheckpointError that says what to do."""
     try:
-        tmp.mkdir(parents=True)
-        yield tmp
-        _swap_in(tmp, output, force)
-    except (OSError, SafetensorError) as e:  # full disk, quota, size limit, permissions
+        yield
+    except (OSError, SafetensorError) as e:
         raise CheckpointError(
             f"cannot write {output}: {getattr(e, 'strerror', None) or e}; free disk space or choose another output "
             "directory (nothing was written)"
         ) from None
+
+
+@contextmanager
+def staging_dir(output: Path, force: bool) -> Iterator[Path]:
+    """A temporary sibling of `output` that becomes `output` only if the block completes; removed on any failure.
+    Siblings that a killed run on this machine left behind (SIGKILL, the kernel's out-of-memory killer) go first."""
+    host = socket.gethostname()
+    for stale in output.parent.glob(f".{output.name}.partial-{host}-*"):
+        if not _alive(stale.name.rsplit("-", 1)[1]):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = output.parent / f".{output.name}.partial-{host}-{os.getpid()}"
+    try:
+        with writing(output):
+            tmp.mkdir(parents=True)
+        yield tmp
+        with writing(output):
+            _swap_in(tmp, output, force)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: str) -> bool:
+    """Whether process `pid` (a directory name's suffix) runs on this machine; anything unreadable counts as alive."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, OSError):
+        return True
+    return True
 
 
 def _swap_in(tmp: Path, output: Path, force: bool) -> None:
@@ -80,32 +106,59 @@ def _swap_in(tmp: Path, output: Path, force: bool) -> None:
 
 
 def plan_shards(sizes: dict[str, int], max_bytes: int) -> list[list[str]]:
-    """Names (sorted) split into consecutive shards of at most `max_bytes` each (a larger tensor gets its own)."""
+    """Names, in the order given, split into consecutive shards of at most `max_bytes` each (a larger tensor gets its
+    own): the shards ShardWriter writes for the same tensors in the same order."""
     shards: list[list[str]] = [[]]
     used = 0
-    for name in sorted(sizes):
-        if shards[-1] and used + sizes[name] > max_bytes:
+    for name, size in sizes.items():
+        if shards[-1] and used + size > max_bytes:
             shards.append([])
             used = 0
         shards[-1].append(name)
-        used += sizes[name]
+        used += size
     return shards
 
 
-def write_shards(
-    directory: Path, names: list[str], get: Callable[[str], torch.Tensor], sizes: dict[str, int], max_bytes: int
-) -> dict[str, str]:
-    """Write tensors as model-0000i-of-0000n.safetensors plus the index; returns {file: sha256}."""
-    shards = plan_shards({n: sizes[n] for n in names}, max_bytes)
-    weight_map, sums = {}, {}
-    for i, shard in enumerate(shards, 1):
-        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file({n: get(n).contiguous() for n in shard}, directory / fname, metadata={"format": "pt"})
-        sums[fname] = sha256(directory / fname)
-        weight_map.update({n: fname for n in shard})
-    index = {"metadata": {"total_size": sum(sizes[n] for n in names)}, "weight_map": weight_map}
-    write_json(directory / INDEX, index)
-    return sums
+class ShardWriter:
+    """Writes tensors into `directory` in the order they come, in shards of at most `max_bytes` (a larger tensor gets
+    its own), each as soon as the next tensor would not fit: the host holds at most one shard of them. The files get
+    their names model-0000i-of-0000n.safetensors, and the index is written, in `finish`, once n is known."""
+
+    def __init__(self, directory: Path, output: Path, max_bytes: int) -> None:
+        self.directory, self.output, self.max_bytes = directory, output, max_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.shards: list[tuple[str, list[str]]] = []  # (file's sha256, its tensors), in the order written
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self.pending and self.pending_bytes + size > self.max_bytes:
+            self._flush()
+        self.pending[name] = tensor.contiguous()
+        self.pending_bytes += size
+        self.total_bytes += size
+
+    def _flush(self) -> None:
+        path = self.directory / f"shard-{len(self.shards) + 1}.safetensors"
+        with writing(self.output):
+            save_file(self.pending, path, metadata={"format": "pt"})
+        self.shards.append((sha256(path), list(self.pending)))  # hashed while the file is in the page cache
+        self.pending, self.pending_bytes = {}, 0
+
+    def finish(self) -> dict[str, str]:
+        """Write what is pending, name the files and write the index; returns {file: sha256}."""
+        if self.pending or not self.shards:
+            self._flush()
+        weight_map, sums = {}, {}
+        with writing(self.output):
+            for i, (digest, names) in enumerate(self.shards, 1):
+                fname = f"model-{i:05d}-of-{len(self.shards):05d}.safetensors"
+                (self.directory / f"shard-{i}.safetensors").rename(self.directory / fname)
+                sums[fname] = digest
+                weight_map.update({n: fname for n in names})
+            write_json(self.directory / INDEX, {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map})
+        return sums
 
 
 def write_json(path: Path, data: Any) -> None:
