@@ -162,8 +162,10 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
     on_progress(Progress("load", 1, 1, str(source)))
 
     device = default_device(job.device)
-    outside = {k: v for k, v in model.state_dict().items() if not k.startswith(f"{blocks_name}.")}
-    dtypes = {k: v.dtype for k, v in outside.items()}
+    # the dtypes to write back; not the tensors themselves, which on a CPU would keep the originals of the float
+    # copies below alive for the whole run
+    outside = {k for k in model.state_dict() if not k.startswith(f"{blocks_name}.")}
+    dtypes = {k: v.dtype for k, v in model.state_dict().items() if k in outside}
     if device.type == "cpu":  # half-precision matmuls on the CPU are slow or missing
         for t in outside_blocks(model, blocks_name):
             if t.is_floating_point():
@@ -194,7 +196,7 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
                 if name not in tied:
                     writer.add(name, t.to(dtypes[name]))
 
-        keep(outside)
+        keep({k: v for k, v in model.state_dict().items() if k in outside})
         for b, block in enumerate(blocks):
             on_progress(Progress("quantize", b, len(blocks), f"block {b + 1}/{len(blocks)}"))
             prefix = f"{blocks_name}.{b}"
