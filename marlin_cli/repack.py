@@ -118,46 +118,51 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
     if not prefixes:
         raise CheckpointError(f"{job.source}: quantization_config says {src.kind}, but no tensor ends in .{marker}")
     plan: dict[str, LayerReport] = {}
-    results: dict[str, QuantResult] = {}
-    dense: dict[str, torch.Tensor] = {}
-    for i, prefix in enumerate(prefixes):
-        on_progress(Progress("layers", i, len(prefixes), prefix))
-        tensors = {s: store.tensor(f"{prefix}.{s}") for s in suffixes if f"{prefix}.{s}" in store.file_of}
-        report, result, weight = _convert(src, prefix, tensors, job)
-        plan[prefix] = report
-        if result is not None:
-            results[prefix] = result
-        else:
-            dense[f"{prefix}.weight"] = weight.to(tensors[scales].dtype)
-    on_progress(Progress("layers", len(prefixes), len(prefixes), "done"))
-    if not results:
-        raise CheckpointError(f"{job.source}: no layer has a shape the Marlin format accepts")
-    cfg = _settings(job, src, results)
-    check_format(job.format, cfg, [])
-    if cfg.act_order is ActOrder.GROUP and job.format is OutputFormat.MARLIN:
-        for name, r in results.items():  # desc_act applies to every layer of a Marlin checkpoint
-            if r.perm is None:
-                results[name] = QuantResult(r.codes, r.scales, torch.arange(r.codes.shape[0]))
-    packed: dict[str, torch.Tensor] = {}
-    for name, r in results.items():
-        packed.update(pack_layer(job.format, name, r, job.sparse24))
+    converted: list[tuple[str, int, int, bool]] = []  # (layer, K, scale groups, permuted) of each converted layer
     source_names = {f"{p}.{s}" for p in prefixes for s in suffixes}
-    tensors = {n: store.tensor(n) for n in store.names() if n not in source_names}
-    tensors.update(dense)
-    tensors.update(packed)
-    ignore = sorted(n.removesuffix(".weight") for n, t in tensors.items() if n.endswith(".weight") and t.dim() == 2)
-    report = {
-        "marlin_cli_version": __version__,
-        "model": str(job.source),
-        "source": str(job.source),
-        "source_format": asdict(src),
-        "format": job.format.value,
-        "quantization": cfg.to_dict(),
-        "requantized": job.requantize or job.sparse24,
-        "layers": [asdict(r) for r in plan.values()],
-    }
-    on_progress(Progress("write", 0, 1, str(job.output)))
-    _write(job, tensors, make_config(cfg, plan, job.format, ignore), plan, report, started)
+    # Each layer is written as soon as it is converted: the host holds one shard, not the whole checkpoint.
+    with ckpt.staging_dir(job.output, job.force) as tmp:
+        writer = ckpt.ShardWriter(tmp, job.output, job.max_shard_size)
+        for i, prefix in enumerate(prefixes):
+            on_progress(Progress("layers", i, len(prefixes), prefix))
+            tensors = {s: store.tensor(f"{prefix}.{s}") for s in suffixes if f"{prefix}.{s}" in store.file_of}
+            report, result, weight = _convert(src, prefix, tensors, job)
+            plan[prefix] = report
+            if result is None:
+                writer.add(f"{prefix}.weight", weight.to(tensors[scales].dtype))
+                continue
+            converted.append((prefix, result.codes.shape[0], result.scales.shape[0], result.perm is not None))
+            for name, t in pack_layer(job.format, prefix, result, job.sparse24).items():
+                writer.add(name, t)
+        on_progress(Progress("layers", len(prefixes), len(prefixes), "done"))
+        if not converted:
+            raise CheckpointError(f"{job.source}: no layer has a shape the Marlin format accepts")
+        cfg = _settings(job, src, converted)
+        check_format(job.format, cfg, [])
+        if cfg.act_order is ActOrder.GROUP and job.format is OutputFormat.MARLIN:
+            # desc_act applies to every layer of a Marlin checkpoint: the others get the identity permutation
+            for prefix, k, _, permuted in converted:
+                if not permuted:
+                    writer.add(f"{prefix}.perm", torch.arange(k, dtype=torch.int32))
+        others = [n for n in store.names() if n not in source_names]
+        for name in others:
+            writer.add(name, store.tensor(name))
+        kept = [p for p, r in plan.items() if r.status == "kept"]
+        matrices = [
+            n.removesuffix(".weight") for n in others if n.endswith(".weight") and len(store.entry(n)["shape"]) == 2
+        ]
+        report = {
+            "marlin_cli_version": __version__,
+            "model": str(job.source),
+            "source": str(job.source),
+            "source_format": asdict(src),
+            "format": job.format.value,
+            "quantization": cfg.to_dict(),
+            "requantized": job.requantize or job.sparse24,
+            "layers": [asdict(r) for r in plan.values()],
+        }
+        on_progress(Progress("write", 0, 1, str(job.output)))
+        _write(job, writer, make_config(cfg, plan, job.format, sorted(kept + matrices)), plan, report, started)
     on_progress(Progress("write", 1, 1, str(job.output)))
     return report
 
@@ -223,20 +228,20 @@ def _group_size(src: Source, prefix: str, k: int, groups: int) -> int:
     return -1 if groups == 1 else k // groups
 
 
-def _settings(job: RepackJob, src: Source, results: dict[str, QuantResult]) -> QuantConfig:
-    """The one group size and act-order the converted layers share (a checkpoint's config holds one of each)."""
+def _settings(job: RepackJob, src: Source, converted: list[tuple[str, int, int, bool]]) -> QuantConfig:
+    """The one group size and act-order the converted layers (layer, K, scale groups, permuted) share: a checkpoint's
+    config holds one of each."""
     if job.requantize or job.sparse24:
         sizes = {job.group_size}
     elif src.group_size is not None:
         sizes = {src.group_size}
     else:
-        sizes = {-1 if r.scales.shape[0] == 1 else r.codes.shape[0] // r.scales.shape[0] for r in results.values()}
+        sizes = {-1 if groups == 1 else k // groups for _, k, groups, _ in converted}
     if len(sizes) > 1:
         raise CheckpointError(f"{job.source}: layers use group sizes {sorted(sizes)}; re-quantize with --requantize")
-    permuted = any(r.perm is not None for r in results.values())
     return QuantConfig(
         group_size=sizes.pop(),
-        act_order=ActOrder.GROUP if permuted else ActOrder.NONE,
+        act_order=ActOrder.GROUP if any(permuted for *_, permuted in converted) else ActOrder.NONE,
         method=Method.RTN if job.requantize or job.sparse24 else Method.GPTQ,
         sparse24=job.sparse24,
     )
@@ -244,18 +249,17 @@ def _settings(job: RepackJob, src: Source, results: dict[str, QuantResult]) -> Q
 
 def _write(
     job: RepackJob,
-    tensors: dict[str, torch.Tensor],
+    writer: ckpt.ShardWriter,
     qc: dict[str, Any],
     plan: dict[str, LayerReport],
     report: dict[str, Any],
     started: float,
 ) -> None:
+    """The last shard, the index, config.json, the side files and the report, into the writer's directory."""
+    sums = writer.finish()
+    tmp = writer.directory
     config = _read(job.source / "config.json")
-    with ckpt.staging_dir(job.output, job.force) as tmp, ckpt.writing(job.output):
-        writer = ckpt.ShardWriter(tmp, job.output, job.max_shard_size)
-        for name in sorted(tensors):
-            writer.add(name, tensors[name])
-        sums = writer.finish()
+    with ckpt.writing(job.output):
         config["quantization_config"] = qc
         ckpt.write_json(tmp / "config.json", config)
         if job.format is OutputFormat.GPTQ:

@@ -117,13 +117,16 @@ def test_gptq_export_read_by_compressed_tensors_unpacking(tiny_models, run_cli, 
 # --- a GPTQ checkpoint from elsewhere -----------------------------------------------------------------------------
 
 
-def write_foreign_gptq(source: Path, out: Path, zero_format: str, desc_act: bool, asym: bool = False) -> dict:
+def write_foreign_gptq(
+    source: Path, out: Path, zero_format: str, desc_act: bool, asym: bool = False, natural: str = "-"
+) -> dict:
     """Write a GPTQ checkpoint of `source` by the format's own rules (DESIGN.md 3.3), independently of marlin's code:
     GPTQModel and AutoGPTQ do not install on the CPU-only test machine, so their writer cannot run here.
 
     Per Linear layer of the blocks: absmax scales per group of 64 input rows (rows assigned to groups through a
     shuffled g_idx when desc_act), codes round(w / s) + zero, 8 codes per int32 along K, zeros packed along N and
-    stored minus one for the original ("gptq") convention. Returns {layer: dequantized (N, K) float32 weight}."""
+    stored minus one for the original ("gptq") convention; layers whose name holds `natural` keep a monotone g_idx
+    under desc_act. Returns {layer: dequantized (N, K) float32 weight}."""
     state = load_file(next(source.glob("*.safetensors")))
     config = json.loads((source / "config.json").read_text())
     g, gen, dense, out_state = 64, torch.Generator().manual_seed(7), {}, {}
@@ -135,7 +138,7 @@ def write_foreign_gptq(source: Path, out: Path, zero_format: str, desc_act: bool
         w = t.float()  # (N, K)
         n, k = w.shape
         g_idx = torch.arange(k) // g
-        if desc_act:
+        if desc_act and natural not in prefix:
             g_idx = g_idx[torch.randperm(k, generator=gen)]
         zero = torch.randint(5, 11, (k // g, n), generator=gen) if asym else torch.full((k // g, n), 8)
         scales = torch.zeros(k // g, n)
@@ -193,6 +196,32 @@ def test_foreign_gptq_checkpoint_converts(zero_format: str, desc_act: bool, tiny
         x_k = torch.randn(5, w.shape[1], generator=torch.Generator().manual_seed(1)) if w.shape[1] != 128 else x
         assert torch.equal(layer.dequantized_weight(), w), name
         torch.testing.assert_close(layer(x_k), x_k @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_conversion_writes_shards_as_it_goes(tiny_models, run_cli, tmp_path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001
+    """A GPTQ conversion writes each layer as soon as it is converted (the host holds one shard, not the whole
+    checkpoint), and gives the layers that desc_act left in order the identity permutation only at the end, once it
+    knows that another layer has one."""
+    import marlin_cli.repack as repack
+    from marlin_cli.io import checkpoint as ckpt
+
+    source = tmp_path / "foreign"
+    dense = write_foreign_gptq(tiny_models("llama"), source, "gptq", desc_act=True, natural="q_proj")
+    events: list[str] = []
+    flush, convert = ckpt.ShardWriter._flush, repack._convert
+    monkeypatch.setattr(ckpt.ShardWriter, "_flush", lambda self: (events.append("shard"), flush(self))[1])
+    monkeypatch.setattr(repack, "_convert", lambda src, p, *a: (events.append(p), convert(src, p, *a))[1])
+    out = tmp_path / "marlin"
+    code, _, stderr = run_cli("pack", source, out, "--max-shard-size", "40KB")
+    assert code == 0, stderr
+    assert "shard" in events[: events.index(sorted(dense)[-1])], events
+    assert run_cli("verify", out)[0] == 0
+    model = load_quantized(out)
+    for name, w in dense.items():
+        layer = model.get_submodule(name)
+        assert torch.equal(layer.dequantized_weight(), w), name
+        if "q_proj" in name:
+            assert torch.equal(tensors(out)[f"{name}.perm"], torch.arange(w.shape[1], dtype=torch.int32))
 
 
 def test_asymmetric_gptq_refused_unless_requantize(tiny_models, run_cli, tmp_path):  # noqa: ANN001
