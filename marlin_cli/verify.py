@@ -14,7 +14,7 @@ import torch
 
 from marlin_cli.calib.data import embedded_texts, token_samples
 from marlin_cli.config import default_device
-from marlin_cli.errors import MarlinError
+from marlin_cli.errors import MarlinError, ModelError
 from marlin_cli.formats import marlin24
 from marlin_cli.io.checkpoint import REPORT, Checkpoint, sha256
 from marlin_cli.kernel import ops, reference
@@ -159,6 +159,17 @@ def model_check(
 ) -> ModelCheck:
     """Run held-out text from the embedded corpus through the original and the quantized model (kernel on a GPU)."""
     dev = default_device(device)
+    try:
+        return _model_check(path, original, dev, nsamples, seqlen)
+    except torch.OutOfMemoryError:
+        raise ModelError(
+            f"--model-check: the original model ({original}) and the quantized one do not fit in {dev}'s memory "
+            "together; verify without --model-check (every layer is still checked through the kernel), or on a "
+            "device that holds both (--device)"
+        ) from None
+
+
+def _model_check(path: Path, original: Path, dev: torch.device, nsamples: int, seqlen: int) -> ModelCheck:
     quantized = load_quantized(path, dev)
     dense = open_model(original).model.to(dev)
     samples = token_samples(embedded_texts("heldout"), open_tokenizer(path), nsamples, seqlen, seed=0)

@@ -226,6 +226,22 @@ def test_verify_model_check(tiny_models, run_cli, tmp_path: Path) -> None:  # no
     assert 0 <= check["kl"] < 0.05 and 0 <= check["top1"] <= 1
 
 
+def test_model_check_that_does_not_fit(tiny_models, run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Both models on one GPU may not fit (a 70B original alone fills an H200): the message says what to do, not the
+    quantize advice of the generic out-of-memory message."""
+    import marlin_cli.verify
+
+    def too_big(*args: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    out = tmp_path / "w4"
+    assert run_cli("pack", tiny_models("llama"), out)[0] == 0
+    monkeypatch.setattr(marlin_cli.verify, "open_model", too_big)
+    code, _, stderr = run_cli("verify", out, "--model-check")
+    message = " ".join(stderr.split())
+    assert code == 2 and "do not fit" in message and "without --model-check" in message, stderr
+
+
 def test_blocks_are_read_one_at_a_time(tiny_models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lazy loader (a skeleton, each block read when its turn comes) writes exactly what loading the whole model
     writes, and is the path taken for a model whose checkpoint keys match its modules."""
