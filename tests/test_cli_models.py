@@ -227,7 +227,7 @@ def test_verify_model_check(tiny_models, run_cli, tmp_path: Path) -> None:  # no
 
 
 def test_model_check_that_does_not_fit(tiny_models, run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    """Both models on one GPU may not fit (a 70B original alone fills an H200): the message says what to do, not the
+    """Both models on one GPU may not fit (a 70B original alone takes 131 GiB): the message says what to do, not the
     quantize advice of the generic out-of-memory message."""
     import marlin_cli.verify
 
