@@ -143,7 +143,7 @@ class ShardWriter:
         path = self.directory / f"shard-{len(self.shards) + 1}.safetensors"
         with writing(self.output):
             save_file(self.pending, path, metadata={"format": "pt"})
-        self.shards.append((sha256(path), list(self.pending)))  # hashed while the file is in the page cache
+            self.shards.append((sha256(path), list(self.pending)))  # hashed while the file is in the page cache
         self.pending, self.pending_bytes = {}, 0
 
     def finish(self) -> dict[str, str]:
