@@ -118,7 +118,7 @@ def test_gptq_export_read_by_compressed_tensors_unpacking(tiny_models, run_cli, 
 
 
 def write_foreign_gptq(
-    source: Path, out: Path, zero_format: str, desc_act: bool, asym: bool = False, natural: str = "-"
+    source: Path, out: Path, zero_format: str, desc_act: bool, asym: bool = False, natural: str | None = None
 ) -> dict:
     """Write a GPTQ checkpoint of `source` by the format's own rules (DESIGN.md 3.3), independently of marlin's code:
     GPTQModel and AutoGPTQ do not install on the CPU-only test machine, so their writer cannot run here.
@@ -138,7 +138,7 @@ def write_foreign_gptq(
         w = t.float()  # (N, K)
         n, k = w.shape
         g_idx = torch.arange(k) // g
-        if desc_act and natural not in prefix:
+        if desc_act and not (natural and natural in prefix):
             g_idx = g_idx[torch.randperm(k, generator=gen)]
         zero = torch.randint(5, 11, (k // g, n), generator=gen) if asym else torch.full((k // g, n), 8)
         scales = torch.zeros(k // g, n)
