@@ -176,8 +176,8 @@ def _model_check(path: Path, original: Path, dev: torch.device, nsamples: int, s
     # model's memory, not both models'
     kls, agree, cosines = [], [], []
     with inference():
-        wants = [(logits, out.cpu()) for logits, out in _outputs(open_model(original).model.to(dev), samples)]
-        for (logits, want), (_, got) in zip(wants, _outputs(load_quantized(path, dev), samples)):
+        wants = [(logits, out.cpu()) for logits, out in _outputs(open_model(original).model.to(dev), samples, dev)]
+        for (logits, want), (_, got) in zip(wants, _outputs(load_quantized(path, dev), samples, dev)):
             want = want.to(dev)
             if logits:
                 kls.append((want.exp() * (want - got)).sum(-1).flatten())
@@ -191,10 +191,11 @@ def _model_check(path: Path, original: Path, dev: torch.device, nsamples: int, s
     return ModelCheck(str(original), tokens, "hidden", cosine=float(torch.cat(cosines).mean()))
 
 
-def _outputs(model: torch.nn.Module, samples: list[torch.Tensor]) -> Iterator[tuple[bool, torch.Tensor]]:
-    """Per sample, on the model's device: (True, log-probabilities) for a model with a head, else (False, the last
-    hidden states), float32."""
-    dev = next(model.parameters()).device
+def _outputs(
+    model: torch.nn.Module, samples: list[torch.Tensor], dev: torch.device
+) -> Iterator[tuple[bool, torch.Tensor]]:
+    """Per sample, on `dev` (where the model is): (True, log-probabilities) for a model with a head, else (False, the
+    last hidden states), float32."""
     for ids in samples:
         out = model(input_ids=ids.to(dev))
         if hasattr(out, "logits"):
