@@ -164,8 +164,8 @@ def quantize(job: Job, on_progress: ProgressFn = lambda p: None) -> dict[str, An
     device = default_device(job.device)
     # the dtypes to write back; not the tensors themselves, which on a CPU would keep the originals of the float
     # copies below alive for the whole run
-    outside = {k for k in model.state_dict() if not k.startswith(f"{blocks_name}.")}
-    dtypes = {k: v.dtype for k, v in model.state_dict().items() if k in outside}
+    dtypes = {k: v.dtype for k, v in model.state_dict().items() if not k.startswith(f"{blocks_name}.")}
+    outside = set(dtypes)  # dtypes takes the blocks' names too as they come
     if device.type == "cpu":  # half-precision matmuls on the CPU are slow or missing
         for t in outside_blocks(model, blocks_name):
             if t.is_floating_point():
@@ -508,33 +508,48 @@ def _write(
     report: dict[str, Any],
     started: float,
 ) -> None:
-    """The last shard, the index, config.json, the side files and the report, into the writer's directory."""
+    """The model's config with the quantization_config and the summary of the layers, then finish_checkpoint."""
+    with ckpt.writing(job.output):
+        loaded.config.save_pretrained(writer.directory)  # transformers' own serialization of the config
+    config = json.loads((writer.directory / "config.json").read_text())
+    done = packed_layers(plan)
+    ignore = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in done]
+    config["quantization_config"] = quantization_config(job.quant, plan, job.format, ignore)
+    quantized = [r for r in plan.values() if r.status == "quantized"]
+    err = sum(r.error or 0 for r in quantized)
+    rtn_err = sum(r.rtn_error or 0 for r in quantized)
+    magnitude_err = sum(r.magnitude_error or 0 for r in quantized)
+    summary = {
+        "quantized": len(quantized),
+        "kept": len(plan) - len(quantized),
+        "error_sum": err,
+        "rtn_error_sum": rtn_err,
+        "error_vs_rtn": err / rtn_err if rtn_err else None,
+        "error_vs_magnitude": err / magnitude_err if magnitude_err else None,
+    }
+    finish_checkpoint(writer, job.output, job.format, config, loaded.path, report, summary, started)
+
+
+def finish_checkpoint(
+    writer: ckpt.ShardWriter,
+    output: Path,
+    fmt: OutputFormat,
+    config: dict[str, Any],
+    source: Path,
+    report: dict[str, Any],
+    summary: dict[str, Any],
+    started: float,
+) -> None:
+    """Into the writer's directory: the last shard and the index, config.json (`config`, holding the
+    quantization_config; for GPTQ also quantize_config.json), the source's tokenizer and generation files, and the
+    report with its files and `summary`, to which bytes, seconds and peak memory are added."""
     sums = writer.finish()
     tmp = writer.directory
-    with ckpt.writing(job.output):
-        loaded.config.save_pretrained(tmp)
-        data = json.loads((tmp / "config.json").read_text())
-        done = packed_layers(plan)
-        ignore = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in done]
-        data["quantization_config"] = quantization_config(job.quant, plan, job.format, ignore)
-        ckpt.write_json(tmp / "config.json", data)
-        if job.format is OutputFormat.GPTQ:  # older GPTQ readers look here instead of config.json
-            ckpt.write_json(tmp / "quantize_config.json", data["quantization_config"])
-        copied = ckpt.copy_side_files(loaded.path, tmp)
-        quantized = [r for r in plan.values() if r.status == "quantized"]
-        err = sum(r.error or 0 for r in quantized)
-        rtn_err = sum(r.rtn_error or 0 for r in quantized)
-        magnitude_err = sum(r.magnitude_error or 0 for r in quantized)
-        report["files"] = {"shards": sums, "copied": copied}
-        report["summary"] = {
-            "quantized": len(quantized),
-            "kept": len(plan) - len(quantized),
-            "error_sum": err,
-            "rtn_error_sum": rtn_err,
-            "error_vs_rtn": err / rtn_err if rtn_err else None,
-            "error_vs_magnitude": err / magnitude_err if magnitude_err else None,
-            "bytes": writer.total_bytes,
-            "seconds": round(time.perf_counter() - started, 2),
-            **peak_memory(),
-        }
+    with ckpt.writing(output):
+        ckpt.write_json(tmp / "config.json", config)
+        if fmt is OutputFormat.GPTQ:  # older GPTQ readers look here instead of config.json
+            ckpt.write_json(tmp / "quantize_config.json", config["quantization_config"])
+        report["files"] = {"shards": sums, "copied": ckpt.copy_side_files(source, tmp)}
+        seconds = round(time.perf_counter() - started, 2)
+        report["summary"] = {**summary, "bytes": writer.total_bytes, "seconds": seconds, **peak_memory()}
         ckpt.write_json(tmp / ckpt.REPORT, report)

@@ -24,7 +24,15 @@ from marlin_cli.config import ActOrder, Method, QuantConfig
 from marlin_cli.errors import CheckpointError, MarlinError, UsageError
 from marlin_cli.formats import compressed_tensors, gptq, marlin, marlin24
 from marlin_cli.io import checkpoint as ckpt
-from marlin_cli.pipeline import LayerReport, OutputFormat, Progress, ProgressFn, check_format, pack_layer, peak_memory
+from marlin_cli.pipeline import (
+    LayerReport,
+    OutputFormat,
+    Progress,
+    ProgressFn,
+    check_format,
+    finish_checkpoint,
+    pack_layer,
+)
 from marlin_cli.pipeline import quantization_config as make_config
 
 GPTQ, COMPRESSED, MARLIN = "gptq", "compressed-tensors", "marlin"
@@ -255,27 +263,15 @@ def _write(
     report: dict[str, Any],
     started: float,
 ) -> None:
-    """The last shard, the index, config.json, the side files and the report, into the writer's directory."""
-    sums = writer.finish()
-    tmp = writer.directory
-    config = _read(job.source / "config.json")
-    with ckpt.writing(job.output):
-        config["quantization_config"] = qc
-        ckpt.write_json(tmp / "config.json", config)
-        if job.format is OutputFormat.GPTQ:
-            ckpt.write_json(tmp / "quantize_config.json", qc)
-        copied = ckpt.copy_side_files(job.source, tmp)
-        quantized = [r for r in plan.values() if r.status == "quantized"]
-        err = sum(r.error or 0 for r in quantized)
-        report["files"] = {"shards": sums, "copied": copied}
-        report["summary"] = {
-            "quantized": len(quantized),
-            "kept": len(plan) - len(quantized),
-            "error_sum": err,  # added by --requantize (0 for an exact conversion)
-            "rtn_error_sum": err if report["requantized"] else None,
-            "error_vs_rtn": None,
-            "bytes": writer.total_bytes,
-            "seconds": round(time.perf_counter() - started, 2),
-            **peak_memory(),
-        }
-        ckpt.write_json(tmp / ckpt.REPORT, report)
+    """The source's config with `qc` and the summary of the layers, then finish_checkpoint."""
+    config = {**_read(job.source / "config.json"), "quantization_config": qc}
+    quantized = [r for r in plan.values() if r.status == "quantized"]
+    err = sum(r.error or 0 for r in quantized)
+    summary = {
+        "quantized": len(quantized),
+        "kept": len(plan) - len(quantized),
+        "error_sum": err,  # added by --requantize (0 for an exact conversion)
+        "rtn_error_sum": err if report["requantized"] else None,
+        "error_vs_rtn": None,
+    }
+    finish_checkpoint(writer, job.output, job.format, config, job.source, report, summary, started)
