@@ -10,12 +10,14 @@ import torch
 import transformers
 from torch import nn
 from transformers import AutoConfig, AutoModel, PreTrainedModel
+from transformers.initialization import no_init_weights
 
 from marlin_cli.config import GROUP_SIZES
 from marlin_cli.errors import CheckpointError
 from marlin_cli.formats import marlin24
 from marlin_cli.io.checkpoint import Checkpoint, read_json_object
 from marlin_cli.kernel import ops, reference
+from marlin_cli.model.load import Loaded, load_tensors, stored_keys
 
 
 class MarlinLinear(nn.Module):
@@ -129,15 +131,17 @@ def _config_problem(qc: dict[str, Any]) -> str | None:
     return None
 
 
-def load_quantized(path: Path, device: str | torch.device = "cpu") -> PreTrainedModel:
-    """Build the checkpoint's model class with MarlinLinear layers and load every tensor from disk."""
+def quantized_skeleton(path: Path) -> Loaded:
+    """The checkpoint's Hugging Face model class with MarlinLinear layers, its tensors allocated but not yet read
+    (`load_tensors` reads them, a block at a time if need be); `Loaded.store` is the checkpoint."""
     qc = quantization_config(path)
     sparse = is_sparse24(path, qc)
     store = Checkpoint(path)
     config = AutoConfig.from_pretrained(path)
     archs = getattr(config, "architectures", None) or []
     cls = getattr(transformers, archs[0], None) if archs else None
-    model = cls(config) if cls is not None else AutoModel.from_config(config)
+    with no_init_weights():  # never written: the stored tensors replace them, and untouched pages take no memory
+        model = cls(config) if cls is not None else AutoModel.from_config(config)
     for name, (k, n) in qc["quantized_modules"].items():
         parent, _, attr = name.rpartition(".")
         old = model.get_submodule(name)
@@ -145,25 +149,22 @@ def load_quantized(path: Path, device: str | torch.device = "cpu") -> PreTrained
         bias = getattr(old, "bias", None) is not None
         layer = MarlinLinear(k, n, groups, qc.get("desc_act", False), bias, sparse)
         setattr(model.get_submodule(parent), attr, layer)
-    state = {name: store.tensor(name) for name in store.names()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    model.tie_weights()
-    tied = {k for k in missing if _is_tied(model, k, state)}
-    if set(missing) - tied or unexpected:
+    keys = set(model.state_dict())
+    missing = [k for k in stored_keys(model) if k not in store.file_of]
+    unexpected = [k for k in store.names() if k not in keys]
+    if missing or unexpected:
         raise CheckpointError(
-            f"{path}: tensors do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]})"
+            f"{path}: tensors do not match the model (missing {missing[:5]}, unexpected {unexpected[:5]})"
         )
-    return model.to(device).eval()  # MarlinLinear puts 2:4 weights in their kernels' order as they move
+    return Loaded(path=path, config=config, model=model.eval(), store=store)
 
 
-def _is_tied(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -> bool:
-    """A missing key is fine when the parameter shares storage with one that was loaded (tied embeddings)."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    if key not in params:
-        return False
-    ptr = params[key].data_ptr()
-    return any(params[k].data_ptr() == ptr for k in state if k in params and k != key)
+def load_quantized(path: Path, device: str | torch.device = "cpu") -> PreTrainedModel:
+    """Build the checkpoint's model class with MarlinLinear layers and load every tensor from disk, in the dtypes
+    they are stored in."""
+    loaded = quantized_skeleton(path)
+    load_tensors(loaded.model, loaded.store)
+    return loaded.model.to(device)  # MarlinLinear puts 2:4 weights in their kernels' order as they move
 
 
 def is_sparse24(path: Path, qc: dict[str, Any]) -> bool:

@@ -18,9 +18,10 @@ from marlin_cli.errors import MarlinError, ModelError
 from marlin_cli.formats import marlin24
 from marlin_cli.io.checkpoint import REPORT, Checkpoint, sha256
 from marlin_cli.kernel import ops, reference
-from marlin_cli.model.load import open_model, open_tokenizer
-from marlin_cli.model.run import inference
-from marlin_cli.nn import is_sparse24, load_quantized, quantization_config
+from marlin_cli.model.layout import find_blocks
+from marlin_cli.model.load import Loaded, open_model, open_tokenizer
+from marlin_cli.model.run import inference, streamed_outputs
+from marlin_cli.nn import is_sparse24, quantization_config, quantized_skeleton
 from marlin_cli.pipeline import Progress, ProgressFn
 
 # mean|C - C_ref| / mean|C_ref| allowed between the kernel and the float32 reference: fp16 rounding of the output
@@ -155,29 +156,52 @@ class ModelCheck:
 
 
 def model_check(
-    path: Path, original: Path, device: str | None = None, nsamples: int = 16, seqlen: int = 256
+    path: Path,
+    original: Path,
+    device: str | None = None,
+    nsamples: int = 16,
+    seqlen: int = 256,
+    on_progress: ProgressFn = lambda _: None,
 ) -> ModelCheck:
     """Run held-out text from the embedded corpus through the original and the quantized model (kernel on a GPU)."""
     dev = default_device(device)
     try:
-        return _model_check(path, original, dev, nsamples, seqlen)
+        return _model_check(path, original, dev, nsamples, seqlen, on_progress)
     except torch.OutOfMemoryError:
         raise ModelError(
-            f"--model-check: the original model ({original}) or the quantized one does not fit in {dev}'s memory; "
-            "verify without --model-check (every layer is still checked through the kernel), or on a device with "
-            "more memory (--device)"
+            f"--model-check: one block of the original model ({original}) or of the quantized one, with the "
+            f"embeddings and head, does not fit in {dev}'s memory; verify without --model-check (every layer is still "
+            "checked through the kernel), or on a device with more memory (--device)"
         ) from None
 
 
-def _model_check(path: Path, original: Path, dev: torch.device, nsamples: int, seqlen: int) -> ModelCheck:
+def _model_check(
+    path: Path, original: Path, dev: torch.device, nsamples: int, seqlen: int, on_progress: ProgressFn
+) -> ModelCheck:
     samples = token_samples(embedded_texts("heldout"), open_tokenizer(path), nsamples, seqlen, seed=0)
     tokens = sum(ids.numel() for ids in samples)
-    # one model on the device at a time, the original's outputs waiting on the host: the check needs the larger
-    # model's memory, not both models'
+    source = open_model(original, lazy=True)
+    blocks_name, blocks = find_blocks(source.model)
+    quantized = quantized_skeleton(path)
+    theirs = dict(quantized.model.named_modules()).get(blocks_name)
+    if not isinstance(theirs, torch.nn.ModuleList) or len(theirs) != len(blocks):
+        raise ModelError(
+            f"--model-check: {path} does not have the {len(blocks)} blocks ({blocks_name}) of {original}; pass the "
+            "model it was made from as --original"
+        )
+
+    def run(loaded: Loaded, stage: str) -> Iterator[tuple[bool, torch.Tensor]]:
+        def on_block(done: int, total: int) -> None:
+            on_progress(Progress(stage, done, total, f"block {done}/{total}" if done < total else "done"))
+
+        return _outputs(streamed_outputs(loaded, blocks_name, samples, dev, on_block))
+
+    # Both models block by block, one after the other, the original's outputs waiting on the host: the device holds
+    # one block and the tensors outside the blocks, so a model quantized on a device can be checked on it.
     kls, agree, cosines = [], [], []
     with inference():
-        wants = [(logits, out.cpu()) for logits, out in _outputs(open_model(original).model.to(dev), samples, dev)]
-        for (logits, want), (_, got) in zip(wants, _outputs(load_quantized(path, dev), samples, dev)):
+        wants = [(logits, out.cpu()) for logits, out in run(source, "original")]
+        for (logits, want), (_, got) in zip(wants, run(quantized, "quantized")):
             want = want.to(dev)
             if logits:
                 kls.append((want.exp() * (want - got)).sum(-1).flatten())
@@ -191,13 +215,9 @@ def _model_check(path: Path, original: Path, dev: torch.device, nsamples: int, s
     return ModelCheck(str(original), tokens, "hidden", cosine=float(torch.cat(cosines).mean()))
 
 
-def _outputs(
-    model: torch.nn.Module, samples: list[torch.Tensor], dev: torch.device
-) -> Iterator[tuple[bool, torch.Tensor]]:
-    """Per sample, on `dev` (where the model is): (True, log-probabilities) for a model with a head, else (False, the
-    last hidden states), float32."""
-    for ids in samples:
-        out = model(input_ids=ids.to(dev))
+def _outputs(outputs: Iterator[Any]) -> Iterator[tuple[bool, torch.Tensor]]:
+    """Per sample: (True, log-probabilities) for a model with a head, else (False, the last hidden states), float32."""
+    for out in outputs:
         if hasattr(out, "logits"):
             yield True, out.logits.float().log_softmax(-1)
         else:

@@ -28,7 +28,8 @@ class BlockInputs:
     kwargs: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _move_outside(model: nn.Module, blocks_name: str, device: torch.device) -> None:
+def move_outside(model: nn.Module, blocks_name: str, device: torch.device) -> None:
+    """The tensors outside the blocks (embeddings, final norm, head) to `device`."""
     for t in outside_blocks(model, blocks_name):
         t.data = t.data.to(device)
 
@@ -46,8 +47,8 @@ def capture_inputs(
         captured.kwargs.append(kwargs)
         raise _Stop
 
-    extra = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
-    _move_outside(model, blocks_name, device)
+    extra = no_cache(model)
+    move_outside(model, blocks_name, device)
     handle = blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
     try:
         for ids in samples:
@@ -57,8 +58,13 @@ def capture_inputs(
                 pass
     finally:
         handle.remove()
-        _move_outside(model, blocks_name, torch.device("cpu"))
+        move_outside(model, blocks_name, torch.device("cpu"))
     return captured
+
+
+def no_cache(model: nn.Module) -> dict[str, bool]:
+    """Forward arguments that keep a decoder from building a key/value cache nobody reads."""
+    return {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
 
 
 def run_block(block: nn.Module, inputs: BlockInputs, i: int) -> torch.Tensor:

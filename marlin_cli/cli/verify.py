@@ -53,8 +53,8 @@ def verify_command(
     with ProgressView(enabled=not json_out) as view:
         checks = verify_checkpoint(ckpt, device, seed, view)
         tampered = checksum_problems(ckpt, view)
+        whole = model_check(ckpt, original or recorded_source(ckpt), device, on_progress=view) if model_check_ else None
     failed = [c for c in checks if not c.passed]
-    whole = model_check(ckpt, original or recorded_source(ckpt), device) if model_check_ else None
     if json_out:
         print_json(
             {

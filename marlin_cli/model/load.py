@@ -104,7 +104,7 @@ def open_model(path: Path, trust_remote_code: bool = False, revision: str | None
             model = cls(config)
         store = Checkpoint(path)
         names = set(store.names())
-        if all(key in names for key in _stored_keys(model)):
+        if all(key in names for key in stored_keys(model)):
             return Loaded(path=path, config=config, model=model.eval(), store=store)
         # checkpoint keys that differ from the module names (renamed by transformers on load): read it whole
     try:
@@ -126,7 +126,7 @@ def _finite(t: torch.Tensor) -> bool:
     return t.numel() == 0 or bool(torch.isfinite(t.amax()) & torch.isfinite(t.amin()))
 
 
-def _stored_keys(model: torch.nn.Module) -> list[str]:
+def stored_keys(model: torch.nn.Module) -> list[str]:
     """State keys that a checkpoint holds: tied tensors (sharing storage with an earlier key) are stored once."""
     seen, keys = set(), []
     for key, t in model.state_dict().items():
