@@ -149,6 +149,7 @@ def quantized_skeleton(path: Path) -> Loaded:
         bias = getattr(old, "bias", None) is not None
         layer = MarlinLinear(k, n, groups, qc.get("desc_act", False), bias, sparse)
         setattr(model.get_submodule(parent), attr, layer)
+    model.tie_weights()  # a head that shares the embedding is stored once, under the embedding's name
     keys = set(model.state_dict())
     missing = [k for k in stored_keys(model) if k not in store.file_of]
     unexpected = [k for k in store.names() if k not in keys]

@@ -231,7 +231,7 @@ def test_model_check_that_does_not_fit(tiny_models, run_cli, tmp_path: Path, mon
     the quantize advice of the generic out-of-memory message."""
     import marlin_cli.verify
 
-    def too_big(*args: object) -> None:
+    def too_big(*args: object, **kwargs: object) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     out = tmp_path / "w4"

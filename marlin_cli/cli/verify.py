@@ -31,7 +31,7 @@ def verify_command(
         bool,
         typer.Option(
             "--model-check",
-            help="Also run held-out text through the original and the quantized model: "
+            help="Also run held-out text through the original and the quantized model, block by block: "
             "per-token KL divergence and top-1 agreement (cosine of hidden states for encoders).",
         ),
     ] = False,
