@@ -242,21 +242,23 @@ def test_model_check_that_does_not_fit(tiny_models, run_cli, tmp_path: Path, mon
     assert code == 2 and "does not fit" in message and "without --model-check" in message, stderr
 
 
-def test_blocks_are_read_one_at_a_time(tiny_models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kind", ["llama", "opt", "gpt2"])
+def test_blocks_are_read_one_at_a_time(kind: str, tiny_models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The lazy loader (a skeleton, each block read when its turn comes) writes exactly what loading the whole model
-    writes, and is the path taken for a model whose checkpoint keys match its modules."""
+    writes, and is the path taken for a model whose checkpoint keys match its modules; opt's and gpt2's heads share
+    their embeddings (stored once)."""
     from safetensors.torch import load_file
 
     import marlin_cli.pipeline as pipeline
     from marlin_cli.config import CalibConfig, QuantConfig
     from marlin_cli.model import load
 
-    assert load.open_model(tiny_models("llama"), lazy=True).store is not None
+    assert load.open_model(tiny_models(kind), lazy=True).store is not None
     job = dict(quant=QuantConfig(), calib=CalibConfig(nsamples=8, seqlen=64))
-    pipeline.quantize(pipeline.Job(model=str(tiny_models("llama")), output=tmp_path / "lazy", **job))
+    pipeline.quantize(pipeline.Job(model=str(tiny_models(kind)), output=tmp_path / "lazy", **job))
     eager = load.open_model
     monkeypatch.setattr(pipeline, "open_model", lambda *a, lazy=False: eager(*a, lazy=False))
-    pipeline.quantize(pipeline.Job(model=str(tiny_models("llama")), output=tmp_path / "eager", **job))
+    pipeline.quantize(pipeline.Job(model=str(tiny_models(kind)), output=tmp_path / "eager", **job))
     lazy_t, eager_t = (load_file(next((tmp_path / d).glob("*.safetensors"))) for d in ("lazy", "eager"))
     assert lazy_t.keys() == eager_t.keys()
     assert all(torch.equal(lazy_t[k], eager_t[k]) and lazy_t[k].dtype == eager_t[k].dtype for k in lazy_t)

@@ -22,8 +22,9 @@ SAMPLES = [torch.randint(200, 20000, (1, n), generator=torch.Generator().manual_
 @pytest.mark.parametrize("kind", ["llama", "opt", "gpt2", "qwen2_moe", "minilm"])
 def test_streamed_outputs_are_the_whole_models(kind: str, tiny_models) -> None:  # noqa: ANN001
     """Block by block, the model computes bit for bit what it computes whole: the same operations on the same
-    inputs in the same order. llama's skeleton reads its blocks lazily, opt's, gpt2's and qwen2_moe's keys differ
-    from their modules (loaded whole), MiniLM is the real encoder (no head: last hidden states)."""
+    inputs in the same order. The skeletons read their blocks lazily but qwen2_moe's, whose keys differ from its
+    modules (loaded whole); opt's and gpt2's heads share their embeddings; MiniLM is the real encoder (no head: last
+    hidden states)."""
     source = resolve("minilm") if kind == "minilm" else tiny_models(kind)
     with run.inference():
         whole = open_model(source).model

@@ -102,6 +102,7 @@ def open_model(path: Path, trust_remote_code: bool = False, revision: str | None
     if lazy and cls is not None:
         with no_init_weights():  # parameters are allocated but never written: no host memory is touched yet
             model = cls(config)
+        model.tie_weights()  # a head that shares the embedding is stored once, under the embedding's name
         store = Checkpoint(path)
         names = set(store.names())
         if all(key in names for key in stored_keys(model)):
