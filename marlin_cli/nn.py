@@ -7,17 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from torch import nn
-from transformers import AutoConfig, AutoModel, PreTrainedModel
-from transformers.initialization import no_init_weights
+from transformers import AutoConfig, PreTrainedModel
 
 from marlin_cli.config import GROUP_SIZES
 from marlin_cli.errors import CheckpointError
 from marlin_cli.formats import marlin24
 from marlin_cli.io.checkpoint import Checkpoint, read_json_object
 from marlin_cli.kernel import ops, reference
-from marlin_cli.model.load import Loaded, load_tensors, stored_keys
+from marlin_cli.model.load import Loaded, load_tensors, skeleton, stored_keys
 
 
 class MarlinLinear(nn.Module):
@@ -138,10 +136,7 @@ def quantized_skeleton(path: Path) -> Loaded:
     sparse = is_sparse24(path, qc)
     store = Checkpoint(path)
     config = AutoConfig.from_pretrained(path)
-    archs = getattr(config, "architectures", None) or []
-    cls = getattr(transformers, archs[0], None) if archs else None
-    with no_init_weights():  # never written: the stored tensors replace them, and untouched pages take no memory
-        model = cls(config) if cls is not None else AutoModel.from_config(config)
+    model = skeleton(config)  # the stored tensors replace its own
     for name, (k, n) in qc["quantized_modules"].items():
         parent, _, attr = name.rpartition(".")
         old = model.get_submodule(name)
@@ -149,7 +144,6 @@ def quantized_skeleton(path: Path) -> Loaded:
         bias = getattr(old, "bias", None) is not None
         layer = MarlinLinear(k, n, groups, qc.get("desc_act", False), bias, sparse)
         setattr(model.get_submodule(parent), attr, layer)
-    model.tie_weights()  # a head that shares the embedding is stored once, under the embedding's name
     keys = set(model.state_dict())
     missing = [k for k in stored_keys(model) if k not in store.file_of]
     unexpected = [k for k in store.names() if k not in keys]

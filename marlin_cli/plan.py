@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from transformers import AutoConfig, AutoModel
 
 from marlin_cli.config import ActOrder, Method, default_device
@@ -17,7 +16,7 @@ from marlin_cli.errors import ModelError
 from marlin_cli.io import checkpoint as ckpt
 from marlin_cli.io.safetensors_check import read_header
 from marlin_cli.model.layout import find_blocks
-from marlin_cli.model.load import calibration_length, resolve
+from marlin_cli.model.load import calibration_length, model_class, resolve
 from marlin_cli.pipeline import Job, host_memory, plan_layers, tied_names
 
 GIB = 2**30
@@ -33,8 +32,8 @@ def dry_run(job: Job) -> dict[str, Any]:
         config = AutoConfig.from_pretrained(source, trust_remote_code=job.trust_remote_code)
     except (OSError, ValueError) as e:
         raise ModelError(f"{source / 'config.json'}: {str(e).splitlines()[0]}") from None
-    archs = getattr(config, "architectures", None) or []
-    cls = getattr(transformers, archs[0], None) if archs else None
+    archs = getattr(config, "architectures", None) or []  # for the report
+    cls = model_class(config)
     with torch.device("meta"):
         model = cls(config) if cls is not None else AutoModel.from_config(config)
     blocks_name, blocks = find_blocks(model)

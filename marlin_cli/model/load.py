@@ -97,12 +97,9 @@ def open_model(path: Path, trust_remote_code: bool = False, revision: str | None
         if "auto_map" in (path / "config.json").read_text() and not trust_remote_code:
             hint = " The model ships its own code: pass --trust-remote-code (with a pinned --revision for hub models)"
         raise ModelError(f"{path / 'config.json'}: {str(e).splitlines()[0]}.{hint}") from None
-    archs = getattr(config, "architectures", None) or []
-    cls = getattr(transformers, archs[0], None) if archs else None
+    cls = model_class(config)
     if lazy and cls is not None:
-        with no_init_weights():  # parameters are allocated but never written: no host memory is touched yet
-            model = cls(config)
-        model.tie_weights()  # a head that shares the embedding is stored once, under the embedding's name
+        model = skeleton(config)
         store = Checkpoint(path)
         names = set(store.names())
         if all(key in names for key in stored_keys(model)):
@@ -120,6 +117,23 @@ def open_model(path: Path, trust_remote_code: bool = False, revision: str | None
         if t.is_floating_point() and not _finite(t):
             raise ModelError(f"{path}: tensor {name} has NaN or Inf values; the checkpoint is damaged, re-export it")
     return Loaded(path=path, config=config, model=model)
+
+
+def model_class(config: PretrainedConfig) -> type[PreTrainedModel] | None:
+    """The transformers class named by the config's first architecture; None when transformers has none by it."""
+    archs = getattr(config, "architectures", None) or []
+    return getattr(transformers, archs[0], None) if archs else None
+
+
+def skeleton(config: PretrainedConfig) -> PreTrainedModel:
+    """The config's model (`model_class`, else AutoModel's choice) with its tensors allocated but never written, so
+    no host memory is touched until they are read; a head that shares the embedding is tied to it, as a checkpoint
+    stores it once, under the embedding's name."""
+    cls = model_class(config)
+    with no_init_weights():
+        model = cls(config) if cls is not None else AutoModel.from_config(config)
+    model.tie_weights()
+    return model
 
 
 def _finite(t: torch.Tensor) -> bool:

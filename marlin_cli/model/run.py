@@ -63,6 +63,7 @@ def streamed_outputs(
     for block in blocks:
         block.forward = replay
     move_outside(model, blocks_name, device)
+    extra = no_cache(model)
     for ids, hidden in zip(samples, inputs.hidden):
         current[:] = [hidden]
-        yield model(input_ids=ids.to(device), **no_cache(model))
+        yield model(input_ids=ids.to(device), **extra)
