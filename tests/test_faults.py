@@ -183,6 +183,25 @@ def test_missing_tokenizer(tiny_models, run_cli, tmp_path: Path) -> None:  # noq
     assert run_cli("quantize", model, tmp_path / "out", "--method", "rtn")[0] == 0  # RTN needs no tokenizer
 
 
+def test_tokenizer_without_words(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    """A tokenizer that loads but knows no word (what some transformers releases build when the files are missing)
+    would calibrate on unknown tokens alone: refused like a missing one."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model = Path(shutil.copytree(tiny_models("llama"), tmp_path / "model"))
+    for f in model.glob("tokenizer*"):
+        f.unlink()
+    empty = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    empty.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=empty, unk_token="[UNK]").save_pretrained(model)
+    code, _, stderr = run_cli("quantize", model, tmp_path / "out")
+    assert code == 2 and "no usable tokenizer" in stderr and "knows no word" in stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_sigkill_never_leaves_a_complete_looking_output(tiny_models, tmp_path: Path) -> None:  # noqa: ANN001
     """SIGKILL cannot be caught: a hidden .partial directory may stay, but the output path either does not exist or
     holds a complete checkpoint (the rename is the last step)."""

@@ -168,7 +168,13 @@ def load_tensors(module: torch.nn.Module, store: Checkpoint, prefix: str = "", s
 def open_tokenizer(path: Path) -> object:
     """The model's tokenizer (calibration needs it)."""
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        # Some transformers releases build an empty tokenizer from the config alone when the files are missing; it
+        # turns every word into the unknown token, and calibration on that would run without a word of the corpus.
+        ids = tokenizer("The quick brown fox jumps over the lazy dog.", add_special_tokens=False)["input_ids"]
+        if all(i == tokenizer.unk_token_id for i in ids):
+            raise ValueError("it knows no word of an English sentence")
+        return tokenizer
     except (OSError, ValueError, TypeError) as e:
         raise ModelError(
             f"{path}: no usable tokenizer ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "

@@ -40,7 +40,7 @@ def streamed_outputs(
     if loaded.store is not None:
         load_tensors(model, loaded.store, skip=f"{blocks_name}.")
     inputs = capture_inputs(model, blocks_name, blocks, samples, device)
-    tupled = False  # transformers before 5 returns a block's hidden states in a tuple
+    tupled = False  # some model classes return a block's hidden states in a tuple
     for b, block in enumerate(blocks):
         on_block(b, len(blocks))
         if loaded.store is not None:
