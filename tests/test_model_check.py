@@ -10,11 +10,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_models import make_tiny
 
+from marlin_cli.calib.data import embedded_texts, token_samples
 from marlin_cli.errors import CheckpointError
 from marlin_cli.model import run
 from marlin_cli.model.layout import find_blocks
-from marlin_cli.model.load import open_model, resolve
+from marlin_cli.model.load import open_model, open_tokenizer, resolve
 from marlin_cli.nn import MarlinLinear, load_quantized
+from marlin_cli.verify import model_check
 
 SAMPLES = [torch.randint(200, 20000, (1, n), generator=torch.Generator().manual_seed(n)) for n in (7, 19, 33)]
 
@@ -59,6 +61,26 @@ def test_one_block_at_a_time(tiny_models, run_cli, tmp_path: Path, monkeypatch: 
     assert len(models) == 2 and isinstance(models[1].get_submodule("model.layers.0.mlp.up_proj"), MarlinLinear)
     assert reads == [("model.layers.0.", True), ("model.layers.1.", True)] * 2
     assert "original   2/2 " in stderr and "quantized  2/2 " in stderr  # progress by block in a log
+
+
+def test_figures_are_the_whole_models_in_float32(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    """The original's logits wait on the host as the fp16 model computed them; the KL and top-1 agreement are still
+    those of both whole models' float32 log-probabilities, to float32 summation order."""
+    source, out = tiny_models("llama"), tmp_path / "w4"
+    assert run_cli("pack", source, out)[0] == 0
+    samples = token_samples(embedded_texts("heldout"), open_tokenizer(out), 4, 64, seed=0)
+    with run.inference():
+        original, quantized = open_model(source).model, load_quantized(out)
+        pairs = [(original(input_ids=ids).logits, quantized(input_ids=ids).logits) for ids in samples]
+    assert pairs[0][0].dtype == torch.float16
+    kls, agree = [], []
+    for want, got in pairs:
+        want, got = want.float().log_softmax(-1), got.float().log_softmax(-1)
+        kls.append((want.exp() * (want - got)).sum(-1).flatten())
+        agree.append((want.argmax(-1) == got.argmax(-1)).flatten().float())
+    check = model_check(out, source, "cpu", nsamples=4, seqlen=64)
+    assert check.kl == pytest.approx(float(torch.cat(kls).mean()), rel=1e-6) and check.kl > 0
+    assert check.top1 == float(torch.cat(agree).mean())
 
 
 def test_an_original_with_other_blocks(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
