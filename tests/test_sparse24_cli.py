@@ -81,7 +81,9 @@ def test_quantize_sparse24_verify_reload(kind: str, tiny_models, run_cli, tmp_pa
     assert json.loads(stdout)["passed"] and len(json.loads(stdout)["layers"]) == len(done)
     code, stdout, _ = run_cli("inspect", out, "--json")
     info = json.loads(stdout)
-    assert code == 0 and info["sparsity"] == "2:4" and info["format"] == "marlin_24"
+    assert code == 0 and info["sparsity"] == "2:4" and info["format"] == "marlin_24" and info["method"] == "gptq"
+    code, _, stderr = run_cli("inspect", out)
+    assert code == 0 and "SparseGPT" in stderr, "the table says how the 2:4 mask was chosen"
     assert_reloads(out, source, len(done))
 
 
@@ -93,6 +95,10 @@ def test_sparse24_options(args: list[str], tiny_models, run_cli, tmp_path: Path)
     methods = {r["method"] for r in json.loads(stdout)["layers"]}
     assert methods == {"magnitude" if "magnitude" in args else "sparsegpt"}
     assert_two_of_four(out)
+    table = run_cli("inspect", out)[2]
+    assert ("2:4 mask by magnitude, then GPTQ" in table) == ("magnitude" in args) and ("SparseGPT" in table) != (
+        "magnitude" in args
+    )
     assert run_cli("verify", out)[0] == 0
 
 

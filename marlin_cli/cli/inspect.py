@@ -87,6 +87,14 @@ def _settings(qc: dict[str, Any], store: Checkpoint) -> dict[str, Any]:
     }
 
 
+# A 2:4 checkpoint's `method` names the dense recipe it extends; say how its mask was chosen.
+_SPARSE24_METHODS = {
+    "gptq": "gptq (SparseGPT: 2:4 mask by saliency, pruning and rounding errors propagated)",
+    "magnitude": "magnitude (2:4 mask by magnitude, then GPTQ)",
+    "rtn": "rtn (2:4 mask by magnitude, then round to nearest)",
+}
+
+
 def _layers_from_tensors(store: Checkpoint, settings: dict[str, Any]) -> dict[str, dict[str, int]]:
     """Quantized layers of a GPTQ (qweight (K*bits/32, N)) or compressed-tensors (weight_packed (N, K*bits/32))
     checkpoint, read from the tensor headers."""
@@ -117,7 +125,10 @@ def inspect_command(
         return
     table = Table(title=str(ckpt), show_header=False)
     for key in ("architecture", "format", "bits", "group_size", "act_order", "method", "tensors", "files"):
-        table.add_row(key, str(info[key]))
+        value = str(info[key])
+        if key == "method" and info.get("sparsity"):
+            value = _SPARSE24_METHODS.get(value, value)
+        table.add_row(key, value)
     if info.get("sparsity"):
         table.add_row("sparsity", f"{info['sparsity']} (2 of every 4 weights along K stored)")
     table.add_row("quantized layers", str(len(info["quantized_layers"])))
