@@ -13,7 +13,7 @@ from transformers import AutoConfig, PreTrainedModel
 from marlin_cli.config import GROUP_SIZES
 from marlin_cli.errors import CheckpointError
 from marlin_cli.formats import marlin24
-from marlin_cli.io.checkpoint import Checkpoint, read_json_object
+from marlin_cli.io.checkpoint import Checkpoint, check_dir, read_json_object
 from marlin_cli.kernel import ops, reference
 from marlin_cli.model.load import Loaded, load_tensors, skeleton, stored_keys
 
@@ -98,6 +98,7 @@ class MarlinLinear(nn.Module):
 
 def quantization_config(path: Path) -> dict[str, Any]:
     """The checkpoint's quantization_config, checked field by field; CheckpointError naming the field otherwise."""
+    check_dir(path)
     where = path / "config.json"
     if not where.is_file():
         raise CheckpointError(f"{path}: no config.json; give a checkpoint directory written by marlin quantize or pack")

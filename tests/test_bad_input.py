@@ -29,6 +29,13 @@ def test_missing_model_path(run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     assert_refused(run_cli, ["quantize", tmp_path / "nope", out], out, "does not exist")
 
 
+def test_bare_model_name(run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """A bare name that is no directory says what MODEL may be rather than only that no such path exists."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert_refused(run_cli, ["quantize", "gpt2", out], out, "model gpt2: no such directory", "owner/name", "minilm")
+
+
 @pytest.mark.parametrize(
     "damage,phrase",
     [
@@ -149,14 +156,18 @@ def test_output_that_is_the_input(llama_copy: Path, run_cli) -> None:  # noqa: A
 
 
 @pytest.mark.parametrize("command", ["verify", "inspect"])
-@pytest.mark.parametrize("where", ["missing", "empty"])
-def test_not_a_checkpoint(command: str, where: str, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "where,phrase", [("missing", "no such directory"), ("file", "not a directory"), ("empty", "no ")]
+)
+def test_not_a_checkpoint(command: str, where: str, phrase: str, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     path = tmp_path / where
     if where == "empty":
         path.mkdir()
+    elif where == "file":
+        path.write_text("{}")
     code, stdout, stderr = run_cli(command, path)
     message = " ".join(stderr.split())
-    assert code == 2 and stdout == "" and "Traceback" not in stderr and f"{path}: " in message, stderr
+    assert code == 2 and stdout == "" and "Traceback" not in stderr and f"{path}: {phrase}" in message, stderr
     assert "give" in message, "the message says what is expected"
 
 

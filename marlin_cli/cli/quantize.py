@@ -45,7 +45,9 @@ EXAMPLES = (
 
 
 def quantize_command(
-    model: Annotated[str, typer.Argument(help="Local model directory, hub id, or 'minilm' (the bundled MiniLM).")],
+    model: Annotated[
+        str, typer.Argument(help="Local model directory, hub id (owner/name), or 'minilm' (the bundled MiniLM).")
+    ],
     output: OutputArg,
     preset: Annotated[
         str | None,

@@ -196,13 +196,19 @@ def copy_side_files(source: Path, target: Path) -> list[str]:
     return names
 
 
+def check_dir(path: Path) -> None:
+    """CheckpointError unless `path` is a directory, saying whether it is missing or a file."""
+    if not path.is_dir():
+        what = "not a directory" if path.exists() else "no such directory"
+        raise CheckpointError(f"{path}: {what}; give the checkpoint directory")
+
+
 class Checkpoint:
     """A model directory's safetensors, read lazily after every header was validated."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        if not path.is_dir():
-            raise CheckpointError(f"{path}: not a directory; give the checkpoint directory")
+        check_dir(path)
         index = path / INDEX
         if index.is_file():
             try:

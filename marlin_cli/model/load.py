@@ -41,7 +41,13 @@ def resolve(spec: str, revision: str | None = None, trust_remote_code: bool = Fa
             raise ModelError(f"model {spec}: not a directory; give the model's directory (with config.json)")
         return path
     if not HUB_ID.match(spec) or spec.startswith((".", "/")):
-        raise ModelError(f"model path {spec} does not exist")
+        if "/" in spec:
+            raise ModelError(f"model path {spec} does not exist")
+        # A bare name: a missing directory, a mistyped short name, or a hub id without its owner ("gpt2").
+        raise ModelError(
+            f"model {spec}: no such directory, and not a hub id (those read owner/name, e.g. "
+            f"openai-community/gpt2) or a short name ({', '.join(ALIASES)})"
+        )
     if trust_remote_code and not revision:
         raise UsageError(f"--trust-remote-code runs {spec}'s own Python code: pin what runs with --revision <commit>")
     from huggingface_hub import snapshot_download
