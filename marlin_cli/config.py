@@ -17,9 +17,31 @@ from marlin_cli.errors import ConfigError, UsageError
 GROUP_SIZES = (-1, 32, 64, 128)
 
 
+def parse_device(device: str | None) -> torch.device:
+    """--device as a torch device (cpu, cuda or cuda:N), the GPU when torch sees one if not given, else the CPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device!r}: marlin computes on cpu, cuda or cuda:N")
+    return parsed
+
+
 def default_device(device: str | None) -> torch.device:
-    """Where work runs: `device` (--device) when given, else the GPU when torch sees one, else the CPU."""
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """Where work runs (parse_device), refused up front when torch cannot reach that GPU."""
+    parsed = parse_device(device)
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            cpu_build = torch.version.cuda is None and torch.version.hip is None
+            why = "this torch is a CPU build" if cpu_build else "no GPU is visible"
+            raise UsageError(f"--device {device}: torch sees no CUDA GPU ({why}); pass --device cpu or leave it out")
+        if parsed.index is not None and parsed.index >= count:
+            raise UsageError(f"--device {device}: torch sees {count} GPU(s), cuda:0 to cuda:{count - 1}")
+    return parsed
 
 
 class ActOrder(str, Enum):

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModel
 
-from marlin_cli.config import ActOrder, Method, default_device
+from marlin_cli.config import ActOrder, Method, parse_device
 from marlin_cli.errors import ModelError
 from marlin_cli.io import checkpoint as ckpt
 from marlin_cli.io.safetensors_check import read_header
@@ -71,7 +71,7 @@ def dry_run(job: Job) -> dict[str, Any]:
     calibrated = job.quant.method is not Method.RTN
     acts = job.calib.nsamples * seqlen * hidden * dtype.itemsize if calibrated else 0
     working = 2 * acts + solve_bytes  # on the job's device, beside one block
-    device = default_device(job.device)
+    device = parse_device(job.device)  # a dry run may plan for a GPU this machine lacks
     return {
         "model": job.model,
         "source": str(source),

@@ -64,8 +64,11 @@ def test_corrupt_safetensors(damage, phrase: str, llama_copy: Path, run_cli, tmp
         (["--max-shard-size", "big"], "--max-shard-size 'big'"),
         (["--calib", "nowhere.jsonl"], "--calib nowhere.jsonl: no such file"),
         (["--preset", "w9"], "--preset 'w9'"),
+        (["--device", "gpu"], "--device 'gpu': marlin computes on cpu, cuda or cuda:N"),
+        # no machine has 64 GPUs: "no CUDA GPU" without one, "torch sees N GPU(s)" with
+        (["--device", "cuda:64"], "--device cuda:64: torch sees"),
     ],
-    ids=lambda v: v[0] if isinstance(v, list) else None,
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
 def test_bad_flag_values(flags: list[str], phrase: str, tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "out"

@@ -84,6 +84,8 @@ def test_quantize_picks_the_solver_kernels_by_device(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(quantize, "note_kernel_build", lambda device: None)
     assert quantize.solver_kernels(Job("m", tmp_path / "o", QuantConfig(), device="cpu")) is None
     on_gpu = Job("m", tmp_path / "o", QuantConfig(), device="cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU as --device's check sees it
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(ops, "solver_problem", lambda device: None)
     assert quantize.solver_kernels(on_gpu) is ops.KERNELS
     monkeypatch.setattr(ops, "solver_problem", lambda device: "nvcc was not found")

@@ -36,7 +36,8 @@ def flagged(flag: str, style: str, message: str = "") -> Text:
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout (logs stay on stderr).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists (it is swapped in atomically).")]
 DeviceOpt = Annotated[
-    str | None, typer.Option("--device", help="Torch device to compute on. \\[default: cuda when present, else cpu]")
+    str | None,
+    typer.Option("--device", help="Where to compute: cpu, cuda or cuda:N. \\[default: cuda when present, else cpu]"),
 ]
 ShardOpt = Annotated[
     str, typer.Option("--max-shard-size", help="Largest safetensors shard, e.g. 5GB, 500MB, or bytes.")
