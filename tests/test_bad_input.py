@@ -29,6 +29,12 @@ def test_missing_model_path(run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     assert_refused(run_cli, ["quantize", tmp_path / "nope", out], out, "does not exist")
 
 
+def test_revision_of_a_local_model(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    """--revision pins a hub download; given with a local model it would be ignored, so it is refused."""
+    out = tmp_path / "out"
+    assert_refused(run_cli, ["quantize", tiny_models("llama"), out, "--revision", "v1"], out, "is a local model")
+
+
 def test_bare_model_name(run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """A bare name that is no directory says what MODEL may be rather than only that no such path exists."""
     monkeypatch.chdir(tmp_path)
@@ -150,6 +156,16 @@ def test_calibration_text_too_short(tiny_models, run_cli, tmp_path: Path) -> Non
         "2 documents, fewer than --nsamples 128",
         "lower --nsamples",
     )
+
+
+def test_output_under_a_file(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    """An output the OS refuses for another reason than space is not told to free disk space."""
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "out"
+    code, _, stderr = run_cli("pack", tiny_models("llama"), out)
+    message = " ".join(stderr.split())
+    assert code == 2 and f"cannot write {out}: Not a directory; choose another output directory" in message, stderr
+    assert "disk space" not in message
 
 
 def test_output_that_is_the_input(llama_copy: Path, run_cli) -> None:  # noqa: ANN001

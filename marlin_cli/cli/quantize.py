@@ -121,7 +121,7 @@ def quantize_command(
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code to run (off by default).")
     ] = False,
-    revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) of MODEL.")] = None,
+    revision: Annotated[str | None, typer.Option(help="Revision (branch, tag or commit) of a hub id MODEL.")] = None,
     output_format: FormatOpt = "marlin",
     force: ForceOpt = False,
     dry_run_: Annotated[

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -57,9 +58,11 @@ def writing(output: Path) -> Iterator[None]:
     try:
         yield
     except (OSError, SafetensorError) as e:
+        # safetensors' errors carry no errno; its writes fail mostly for space
+        full = not isinstance(e, OSError) or e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        fix = "free disk space or choose another output directory" if full else "choose another output directory"
         raise CheckpointError(
-            f"cannot write {output}: {getattr(e, 'strerror', None) or e}; free disk space or choose another output "
-            "directory (nothing was written)"
+            f"cannot write {output}: {getattr(e, 'strerror', None) or e}; {fix} (nothing was written)"
         ) from None
 
 

@@ -28,6 +28,8 @@ def resolve(spec: str, revision: str | None = None, trust_remote_code: bool = Fa
 
     Remote code from the hub runs only when pinned: --trust-remote-code needs --revision for a hub id.
     """
+    if revision is not None and (spec in ALIASES or Path(spec).exists()):
+        raise UsageError(f"--revision {revision}: {spec} is a local model, not a hub id; leave --revision out")
     if spec in ALIASES:
         module, dist, sub = ALIASES[spec]
         try:
