@@ -103,8 +103,13 @@ def quantization_config(path: Path) -> dict[str, Any]:
     if not where.is_file():
         raise CheckpointError(f"{path}: no config.json; give a checkpoint directory written by marlin quantize or pack")
     qc = read_json_object(where).get("quantization_config")
-    if not isinstance(qc, dict) or qc.get("quant_method") != "marlin":
-        raise CheckpointError(f"{where}: no Marlin quantization_config (quant_method 'marlin')")
+    if not isinstance(qc, dict):
+        raise CheckpointError(f"{where}: no quantization_config, so not a quantized checkpoint")
+    if qc.get("quant_method") != "marlin":
+        raise CheckpointError(
+            f"{where}: quant_method {qc.get('quant_method')!r}, not 'marlin'; `marlin pack {path} OUT` converts a "
+            "GPTQ or compressed-tensors checkpoint to the Marlin format, which this reads"
+        )
     problem = _config_problem(qc)
     if problem is not None:
         raise CheckpointError(f"{where}: quantization_config {problem}")
