@@ -29,6 +29,14 @@ def test_missing_model_path(run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     assert_refused(run_cli, ["quantize", tmp_path / "nope", out], out, "does not exist")
 
 
+@pytest.mark.parametrize("command", ["quantize", "pack", "verify", "inspect"])
+def test_json_error_leaves_stdout_empty(command: str, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    """A script reading --json's stdout gets nothing rather than half a document; the error is on stderr."""
+    args = [tmp_path / "nope", tmp_path / "out"] if command in ("quantize", "pack") else [tmp_path / "nope"]
+    code, stdout, stderr = run_cli(command, *args, "--json")
+    assert code == 2 and stdout == "" and "nope" in stderr, stderr
+
+
 def test_revision_of_a_local_model(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     """--revision pins a hub download; given with a local model it would be ignored, so it is refused."""
     out = tmp_path / "out"
