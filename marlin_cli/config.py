@@ -40,7 +40,8 @@ def default_device(device: str | None) -> torch.device:
             why = "this torch is a CPU build" if cpu_build else "no GPU is visible"
             raise UsageError(f"--device {device}: torch sees no CUDA GPU ({why}); pass --device cpu or leave it out")
         if parsed.index is not None and parsed.index >= count:
-            raise UsageError(f"--device {device}: torch sees {count} GPU(s), cuda:0 to cuda:{count - 1}")
+            seen = "1 GPU (cuda:0)" if count == 1 else f"{count} GPUs (cuda:0 to cuda:{count - 1})"
+            raise UsageError(f"--device {device}: torch sees {seen}")
     return parsed
 
 

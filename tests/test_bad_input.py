@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def test_corrupt_safetensors(damage, phrase: str, llama_copy: Path, run_cli, tmp
         (["--calib", "nowhere.jsonl"], "--calib nowhere.jsonl: no such file"),
         (["--preset", "w9"], "--preset 'w9'"),
         (["--device", "gpu"], "--device 'gpu': marlin computes on cpu, cuda or cuda:N"),
-        # no machine has 64 GPUs: "no CUDA GPU" without one, "torch sees N GPU(s)" with
+        # no machine has 64 GPUs: "no CUDA GPU" without one, "torch sees N GPUs (cuda:0 to ...)" with
         (["--device", "cuda:64"], "--device cuda:64: torch sees"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
@@ -87,6 +88,20 @@ def test_corrupt_safetensors(damage, phrase: str, llama_copy: Path, run_cli, tmp
 def test_bad_flag_values(flags: list[str], phrase: str, tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "out"
     assert_refused(run_cli, ["quantize", tiny_models("llama"), out, *flags], out, phrase)
+
+
+@pytest.mark.parametrize("count,seen", [(1, "1 GPU (cuda:0)"), (2, "2 GPUs (cuda:0 to cuda:1)")])
+def test_device_index_past_the_gpus(count: int, seen: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from marlin_cli.config import default_device
+    from marlin_cli.errors import UsageError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    assert default_device(f"cuda:{count - 1}") == torch.device("cuda", count - 1)
+    with pytest.raises(UsageError, match=rf"--device cuda:3: torch sees {re.escape(seen)}$"):
+        default_device("cuda:3")
 
 
 def test_unknown_flag_is_a_usage_error(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
