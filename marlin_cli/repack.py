@@ -68,32 +68,72 @@ class Source:
     group_size: int | None  # from the config (-1: one group per layer); None when it does not say
 
 
+def _method(path: Path) -> tuple[str, dict[str, Any]]:
+    """The checkpoint's quant_method ("" for a dense one) and its quantization config."""
+    qc = _read(path / "config.json").get("quantization_config") or _read(path / "quantize_config.json")
+    if not isinstance(qc, dict) or not qc:
+        return "", {}
+    return str(qc.get("quant_method", "gptq" if "bits" in qc else "")).lower(), qc
+
+
+def is_export(path: Path) -> bool:
+    """Whether `path` holds a GPTQ or compressed-tensors checkpoint (ours or another tool's), by its config."""
+    return path.is_dir() and _method(path)[0] in (GPTQ, COMPRESSED)
+
+
 def source_format(path: Path) -> Source | None:
     """The quantized format of the checkpoint in `path`, or None for a dense one; CheckpointError if unsupported."""
-    qc = _read(path / "config.json").get("quantization_config") or _read(path / "quantize_config.json")
-    if not qc:
+    method, qc = _method(path)
+    if not method:
         return None
-    method = str(qc.get("quant_method", "gptq" if "bits" in qc else "")).lower()
     if method == GPTQ:
-        fmt = qc.get("checkpoint_format", "gptq")
-        size = qc.get("group_size")
-        return Source(GPTQ, int(qc.get("bits", 4)), bool(qc.get("sym", True)), fmt, None if size is None else int(size))
+        fmt = _field(path, qc, "checkpoint_format", str, "gptq")
+        bits, sym, size = _field(path, qc, "bits", int, 4), _field(path, qc, "sym", bool, True), _group(path, qc)
+        return Source(GPTQ, _bits(path, bits), sym, fmt, size)
     if method == COMPRESSED:
         if qc.get("format") != "pack-quantized":
             raise CheckpointError(
                 f"{path}: compressed-tensors format {qc.get('format')!r}; only pack-quantized converts"
             )
-        weights = [g.get("weights") or {} for g in (qc.get("config_groups") or {}).values()]
+        groups = qc.get("config_groups")
+        weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)] if isinstance(groups, dict) else []
+        if not weights or not all(isinstance(w, dict) for w in weights):
+            raise CheckpointError(f"{path}: compressed-tensors config_groups hold no weights scheme")
         if len({json.dumps(w, sort_keys=True) for w in weights}) != 1:
             raise CheckpointError(f"{path}: compressed-tensors config_groups must share one weights scheme")
         w = weights[0]
-        size = -1 if w.get("strategy") == "channel" else w.get("group_size")
-        return Source(COMPRESSED, int(w.get("num_bits", 4)), bool(w.get("symmetric", True)), "", size)
+        size = -1 if w.get("strategy") == "channel" else _group(path, w)
+        bits, sym = _field(path, w, "num_bits", int, 4), _field(path, w, "symmetric", bool, True)
+        return Source(COMPRESSED, _bits(path, bits), sym, "", size)
     if method == "marlin":
         if qc.get("sparsity"):
             raise CheckpointError(f"{path}: already a {qc['sparsity']} sparse Marlin checkpoint; nothing to convert")
-        return Source(MARLIN, 4, True, "", qc.get("group_size"))
+        return Source(MARLIN, 4, True, "", _group(path, qc))
     raise CheckpointError(f"{path}: quant_method {method!r} is not one marlin reads (gptq, compressed-tensors)")
+
+
+def _field(path: Path, qc: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    """qc[key] when it has the JSON type `kind`, `default` when absent or null; CheckpointError otherwise."""
+    value = qc.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CheckpointError(f"{path}: quantization_config {key} is {value!r}, not a {kind.__name__}")
+    return value
+
+
+def _bits(path: Path, bits: int) -> int:
+    if bits not in (2, 3, 4, 8):
+        raise CheckpointError(f"{path}: quantization_config bits {bits} is not one of 2, 3, 4, 8")
+    return bits
+
+
+def _group(path: Path, qc: dict[str, Any]) -> int | None:
+    """The config's group_size: -1 (per channel) or positive; None when it does not say."""
+    size = _field(path, qc, "group_size", int, None)
+    if size is not None and size != -1 and size <= 0:
+        raise CheckpointError(f"{path}: quantization_config group_size {size} is neither -1 nor positive")
+    return size
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -133,7 +173,7 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
         writer = ckpt.ShardWriter(tmp, job.output, job.max_shard_size)
         for i, prefix in enumerate(prefixes):
             on_progress(Progress("layers", i, len(prefixes), prefix))
-            tensors = {s: store.tensor(f"{prefix}.{s}") for s in suffixes if f"{prefix}.{s}" in store.file_of}
+            tensors = layer_tensors(store, src, prefix)
             report, result, weight = _convert(src, prefix, tensors, job)
             plan[prefix] = report
             if result is None:
@@ -180,7 +220,7 @@ def _convert(
 ) -> tuple[LayerReport, QuantResult | None, torch.Tensor]:
     """One layer: its report, our QuantResult (None when its shape stays dense) and its dequantized (N, K) weight."""
     started = time.perf_counter()
-    weight = _dequantize(src, prefix, tensors)
+    weight = dequantize(src, prefix, tensors)
     n, k = weight.shape
     report = LayerReport(prefix, k, n, "quantized")
     requantize = job.requantize or job.sparse24
@@ -188,7 +228,7 @@ def _convert(
         g = job.group_size
     else:
         groups = tensors["scales"].shape[0] if src.kind == GPTQ else tensors["weight_scale"].shape[1]
-        g = _group_size(src, prefix, k, groups or 1)
+        g = group_size(src, prefix, k, groups or 1)
     problem = (marlin24 if job.sparse24 else marlin).shape_problem(k, n, g)
     if problem is not None and (requantize or "group size" not in problem):
         report.status, report.reason = "kept", f"{problem}: stored dequantized"
@@ -201,13 +241,9 @@ def _convert(
         report.error = report.rtn_error = float((weight - result.weight()).square().sum() / weight.square().sum())
     else:
         try:
-            if src.kind == GPTQ:
-                layer = gptq.from_gptq(tensors, prefix, src.bits, src.checkpoint_format)
-            else:
-                layer = compressed_tensors.from_compressed(tensors, prefix, src.bits, src.sym)
+            result = exact(src, prefix, tensors)
         except MarlinError as e:
             raise CheckpointError(f"{job.source}: {e}") from None
-        result = QuantResult(layer.codes, layer.scales, layer.perm)
         if not torch.equal(result.weight(), weight):  # the conversion must not change a single weight
             raise CheckpointError(f"{prefix}: converted weights differ from the source's; this is a bug, report it")
         report.method, report.error, report.rtn_error = "copied", 0.0, None
@@ -215,7 +251,29 @@ def _convert(
     return report, result, weight
 
 
-def _dequantize(src: Source, prefix: str, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+def layer_tensors(store: ckpt.Checkpoint, src: Source, prefix: str) -> dict[str, torch.Tensor]:
+    """A quantized layer's stored tensors by suffix (qweight, scales, ...); CheckpointError without its scales."""
+    marker, suffixes, scales = KEYS[src.kind]
+    if f"{prefix}.{scales}" not in store.file_of:
+        raise CheckpointError(f"tensor {prefix}.{scales} is missing: {prefix}.{marker} cannot be read without it")
+    for name, dtypes in ((f"{prefix}.{marker}", ("I32",)), (f"{prefix}.{scales}", ("F16", "BF16", "F32"))):
+        entry = store.entry(name)
+        if entry["dtype"] not in dtypes or len(entry["shape"]) != 2:
+            raise CheckpointError(f"tensor {name} is {entry['dtype']} {entry['shape']}, not a 2-D {'/'.join(dtypes)}")
+    return {s: store.tensor(f"{prefix}.{s}") for s in suffixes if f"{prefix}.{s}" in store.file_of}
+
+
+def exact(src: Source, prefix: str, tensors: dict[str, torch.Tensor]) -> QuantResult:
+    """A symmetric 4-bit GPTQ or compressed-tensors layer's codes, scales and permutation, copied exactly;
+    MarlinError naming what else it is."""
+    if src.kind == GPTQ:
+        layer = gptq.from_gptq(tensors, prefix, src.bits, src.checkpoint_format)
+    else:
+        layer = compressed_tensors.from_compressed(tensors, prefix, src.bits, src.sym)
+    return QuantResult(layer.codes, layer.scales, layer.perm)
+
+
+def dequantize(src: Source, prefix: str, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     """The layer's dequantized (N, K) float32 weight in the original input order."""
     if src.kind == GPTQ:
         return gptq.dequantize(tensors, prefix, src.bits, src.checkpoint_format)
@@ -225,7 +283,7 @@ def _dequantize(src: Source, prefix: str, tensors: dict[str, torch.Tensor]) -> t
     return QuantResult(marlin.unpack_weight(tensors["B"]), marlin.unpack_scales(tensors["s"]).float(), perm).weight()
 
 
-def _group_size(src: Source, prefix: str, k: int, groups: int) -> int:
+def group_size(src: Source, prefix: str, k: int, groups: int) -> int:
     """The layer's group size: the config's when it agrees with the scales, else what the scales imply."""
     if src.group_size is not None:
         if groups != (1 if src.group_size in (-1, k) else k // src.group_size):

@@ -1,5 +1,5 @@
-"""Per-layer verification of a Marlin checkpoint (dense or 2:4): tensors against the config, then the kernel against
-the reference."""
+"""Per-layer verification of a Marlin checkpoint (dense or 2:4) or of a GPTQ / compressed-tensors export: tensors
+against the config, then the kernel against the reference."""
 
 from __future__ import annotations
 
@@ -12,17 +12,18 @@ from typing import Any
 
 import torch
 
+from marlin_cli import repack
 from marlin_cli.calib.data import embedded_texts, token_samples
 from marlin_cli.config import default_device
-from marlin_cli.errors import MarlinError, ModelError
-from marlin_cli.formats import marlin24
+from marlin_cli.errors import CheckpointError, MarlinError, ModelError
+from marlin_cli.formats import marlin, marlin24
 from marlin_cli.io.checkpoint import REPORT, Checkpoint, sha256
 from marlin_cli.kernel import ops, reference
 from marlin_cli.model.layout import find_blocks
 from marlin_cli.model.load import Loaded, open_model, open_tokenizer
 from marlin_cli.model.run import inference, streamed_outputs
 from marlin_cli.nn import is_sparse24, quantization_config, quantized_skeleton
-from marlin_cli.pipeline import Progress, ProgressFn
+from marlin_cli.pipeline import PACKERS, OutputFormat, Progress, ProgressFn
 
 # mean|C - C_ref| / mean|C_ref| allowed between the kernel and the float32 reference: fp16 rounding of the output
 # (2^-11 relative at most) plus a different fp32 accumulation order stay well below this.
@@ -43,33 +44,44 @@ class LayerCheck:
     seconds: float = 0.0
 
 
+# A layer's product as verify runs it: the op (kernel, or reference on the CPU), its operands after the activations,
+# and the float32 reference product of float32 activations.
+Product = tuple[Callable[..., torch.Tensor], list[Any], Callable[[torch.Tensor], torch.Tensor]]
+Checked = str | Product  # the layer's product on a device, or why its stored tensors are wrong
+
+
+@dataclass
+class _Layer:
+    name: str
+    in_features: int
+    out_features: int
+    groups: int
+    read: Callable[[torch.device], Checked]
+
+
 def verify_checkpoint(
     path: Path, device: str | None = None, seed: int = 0, on_progress: ProgressFn = lambda _: None
 ) -> list[LayerCheck]:
-    """Check every quantized layer of the checkpoint in `path`; tensors are re-read from disk."""
-    qc = quantization_config(path)
-    store = Checkpoint(path)
+    """Check every quantized layer of the checkpoint in `path`, a Marlin one or a GPTQ / compressed-tensors export
+    (whose layers go to the kernel as `marlin pack` converts them); tensors are re-read from disk."""
+    layers = _export_layers(path) if repack.is_export(path) else _marlin_layers(path)
     dev = default_device(device)
     gen = torch.Generator().manual_seed(seed)
     checks = []
-    sparse = is_sparse24(path, qc)
-    op, ref = (ops.gemm24, reference.gemm24) if sparse else (ops.gemm, reference.gemm)
-    layers = sorted(qc["quantized_modules"].items())
-    for i, (name, (k, n)) in enumerate(layers):
-        on_progress(Progress("layers", i, len(layers), name))
+    for i, layer in enumerate(layers):
+        on_progress(Progress("layers", i, len(layers), layer.name))
         started = time.perf_counter()
-        groups = 1 if qc["group_size"] == -1 else k // qc["group_size"]
-        check = LayerCheck(name, k, n, groups, ops.kernel_name(dev), None, False)
-        expected = _expected_tensors(name, k, n, groups, bool(qc.get("desc_act")), sparse)
-        check.problem = _tensor_problem(store, name, expected)
-        if check.problem is None:
-            operands = [store.tensor(t).to(dev) for t in expected]  # the reference's operands after a, in order
-            # the kernel's: 2:4 codes and metadata in the order it reads them on this device
-            kernel_operands = [ops.prepare24(*operands[:2]), operands[2]] if sparse else operands
+        k = layer.in_features
+        check = LayerCheck(layer.name, k, layer.out_features, layer.groups, ops.kernel_name(dev), None, False)
+        product = layer.read(dev)
+        if isinstance(product, str):
+            check.problem = product
+        else:
+            op, operands, ref = product
             batches = [(torch.rand(m, k, generator=gen) * 2 - 1).to(torch.float16).to(dev) for m in BATCH_SIZES]
             # one reference product for every batch size: the layer is unpacked and dequantized once
-            wants = ref(torch.cat(batches).float(), *operands).split(BATCH_SIZES)
-            check.error = max(_product_error(op, a, want, kernel_operands) for a, want in zip(batches, wants))
+            wants = ref(torch.cat(batches).float()).split(BATCH_SIZES)
+            check.error = max(_product_error(op, a, want, operands) for a, want in zip(batches, wants))
             check.passed = check.error <= TOLERANCE
             if not check.passed:
                 check.problem = f"kernel differs from the reference by {check.error:.2e} (> {TOLERANCE:.0e})"
@@ -77,6 +89,70 @@ def verify_checkpoint(
         checks.append(check)
     on_progress(Progress("layers", len(layers), len(layers), "done"))
     return checks
+
+
+def _marlin_layers(path: Path) -> list[_Layer]:
+    """A Marlin checkpoint's layers: tensors against the config, then the kernel against the reference of the stored
+    tensors (unpack, dequantize, matmul)."""
+    qc = quantization_config(path)
+    store = Checkpoint(path)
+    sparse = is_sparse24(path, qc)
+    layers = []
+    for name, (k, n) in sorted(qc["quantized_modules"].items()):
+        groups = 1 if qc["group_size"] == -1 else k // qc["group_size"]
+        expected = _expected_tensors(name, k, n, groups, bool(qc.get("desc_act")), sparse)
+
+        def read(dev: torch.device, name: str = name, expected: dict = expected) -> Checked:
+            problem = _tensor_problem(store, name, expected)
+            if problem is not None:
+                return problem
+            operands = [store.tensor(t).to(dev) for t in expected]  # the reference's operands, in order
+            if sparse:  # the kernel's 2:4 codes and metadata in the order it reads them on this device
+                kernel = [ops.prepare24(*operands[:2]), operands[2]]
+                return ops.gemm24, kernel, lambda a: reference.gemm24(a, *operands)
+            return ops.gemm, operands, lambda a: reference.gemm(a, *operands)
+
+        layers.append(_Layer(name, k, n, groups, read))
+    return layers
+
+
+def _export_layers(path: Path) -> list[_Layer]:
+    """A GPTQ or compressed-tensors export's layers: each converted to the Marlin format exactly as `marlin pack`
+    converts it, run through the kernel, against the reference of the export's own dequantized weights."""
+    src = repack.source_format(path)
+    assert src is not None
+    store = Checkpoint(path)
+    marker, _, scales = repack.KEYS[src.kind]
+    prefixes = sorted(n.removesuffix(f".{marker}") for n in store.names() if n.endswith(f".{marker}"))
+    if not prefixes:
+        raise CheckpointError(f"{path}: quantization_config says {src.kind}, but no tensor ends in .{marker}")
+    layers = []
+    for prefix in prefixes:
+        # for the table: GPTQ (K bits/32, N), compressed (N, K bits/32); read() refuses other shapes
+        rows, cols = (store.entry(f"{prefix}.{marker}")["shape"] + [0, 0])[:2]
+        k, n = (rows * 32 // src.bits, cols) if src.kind == repack.GPTQ else (cols * 32 // src.bits, rows)
+        shape = store.entry(f"{prefix}.{scales}")["shape"] if f"{prefix}.{scales}" in store.file_of else []
+        groups = (shape + [0, 0])[0 if src.kind == repack.GPTQ else 1]
+
+        def read(dev: torch.device, prefix: str = prefix, k: int = k, n: int = n, groups: int = groups) -> Checked:
+            try:
+                tensors = repack.layer_tensors(store, src, prefix)
+                weight = repack.dequantize(src, prefix, tensors).to(dev)  # (N, K), the format's own decoding
+                problem = marlin.shape_problem(k, n, repack.group_size(src, prefix, k, groups or 1))
+                result = repack.exact(src, prefix, tensors)
+            except MarlinError as e:
+                return str(e)
+            if problem is not None:
+                return f"{problem}: the Marlin kernel cannot run this layer"
+            problem = _scales_problem(f"{prefix}.{scales}", result.scales)
+            if problem is not None:
+                return problem
+            packed = PACKERS[OutputFormat.MARLIN](result)
+            operands = [packed["B"].to(dev), packed["s"].to(dev), packed["perm"].to(dev) if "perm" in packed else None]
+            return ops.gemm, operands, lambda a: a @ weight.T
+
+        layers.append(_Layer(prefix, k, n, groups, read))
+    return layers
 
 
 def checksum_problems(path: Path, on_progress: ProgressFn = lambda _: None) -> list[str]:
@@ -120,9 +196,9 @@ def _tensor_problem(store: Checkpoint, name: str, expected: dict[str, tuple[str,
         entry = store.entry(tensor)
         if entry["dtype"] != dtype or entry["shape"] != shape:
             return f"tensor {tensor} is {entry['dtype']} {entry['shape']}, the config implies {dtype} {shape}"
-    s = store.tensor(f"{name}.s")
-    if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
-        return f"tensor {name}.s has scales that are not finite and positive"
+    problem = _scales_problem(f"{name}.s", store.tensor(f"{name}.s"))
+    if problem is not None:
+        return problem
     if f"{name}.perm" in expected:
         k = expected[f"{name}.perm"][1][0]
         if not torch.equal(store.tensor(f"{name}.perm").sort().values, torch.arange(k, dtype=torch.int32)):
@@ -132,6 +208,13 @@ def _tensor_problem(store: Checkpoint, name: str, expected: dict[str, tuple[str,
             marlin24.unpack(*(store.tensor(t) for t in expected))
         except MarlinError as e:
             return f"tensor {name}.B_meta breaks the 2:4 rule: {e}"
+    return None
+
+
+def _scales_problem(tensor: str, s: torch.Tensor) -> str | None:
+    """Symmetric 4-bit scales are finite and positive: a zero, negative or NaN one is damage, whatever it computes."""
+    if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
+        return f"tensor {tensor} has scales that are not finite and positive"
     return None
 
 

@@ -114,6 +114,42 @@ def test_gptq_export_read_by_compressed_tensors_unpacking(tiny_models, run_cli, 
         assert (state[f"{name}.qzeros"].view(torch.uint32) == 0x77777777).all(), "v1 zeros: 8 - 1 in every nibble"
 
 
+@pytest.mark.parametrize(
+    "fmt,args",
+    [
+        ("gptq", ["--group-size", "32", "--act-order", "group"]),
+        ("gptq", ["--group-size", "-1"]),
+        ("compressed-tensors", ["--group-size", "64"]),
+    ],
+    ids=["gptq-g32-group", "gptq-channel", "compressed-g64"],
+)
+def test_verify_reads_exports(fmt: str, args: list[str], tiny_models, run_cli, tmp_path):  # noqa: ANN001
+    """verify takes an export as written: each layer converted as `marlin pack` converts it, through the kernel (the
+    reference op on the CPU) against the export's own dequantized weights; then the shards against the report."""
+    ours = quantize(run_cli, tiny_models("llama"), tmp_path / "marlin", *args)
+    export = quantize(run_cli, tiny_models("llama"), tmp_path / "export", *args, "--format", fmt)
+    code, stdout, stderr = run_cli("verify", export, "--json")
+    report = json.loads(stdout)
+    assert code == 0 and report["passed"] and not report["checksum_problems"], stderr
+    layers = json.loads((ours / "config.json").read_text())["quantization_config"]["quantized_modules"]
+    assert {c["name"]: [c["in_features"], c["out_features"]] for c in report["layers"]} == layers
+    assert all(0 < c["error"] <= report["tolerance"] for c in report["layers"])
+
+    # one negative scale: the product would still match, but no symmetric export has one
+    (export / "quantization_report.json").unlink()  # the shard changes: leave the checksums out of this check
+    shard = next(export.glob("*.safetensors"))
+    state = load_file(shard)
+    name = next(n for n in sorted(state) if n.endswith(("scales", "weight_scale")))
+    state[name] = state[name].clone()
+    state[name].view(-1)[0] *= -1
+    save_file(state, shard, metadata={"format": "pt"})
+    code, _, stderr = run_cli("verify", export)
+    assert code == 1 and f"tensor {name} has scales that are not finite and positive" in " ".join(stderr.split())
+
+    code, _, stderr = run_cli("verify", export, "--model-check")
+    assert code == 2 and "`marlin pack" in stderr, "--model-check reads Marlin checkpoints only, and says so"
+
+
 # --- a GPTQ checkpoint from elsewhere -----------------------------------------------------------------------------
 
 
@@ -187,6 +223,7 @@ def test_foreign_gptq_checkpoint_converts(zero_format: str, desc_act: bool, tiny
     assert code == 0, stderr
     assert json.loads(stdout)["summary"]["error_sum"] == 0
     assert run_cli("verify", out)[0] == 0
+    assert run_cli("verify", source)[0] == 0, "verify takes the foreign checkpoint as it is, too"
     qc = json.loads((out / "config.json").read_text())["quantization_config"]
     assert qc["desc_act"] == desc_act and qc["group_size"] == 64
     model = load_quantized(out)
@@ -231,6 +268,8 @@ def test_asymmetric_gptq_refused_unless_requantize(tiny_models, run_cli, tmp_pat
     code, _, stderr = run_cli("pack", source, out)
     assert code == 2 and "qzeros" in stderr and "--requantize" in stderr
     assert not out.exists() and not list(tmp_path.glob(".marlin*")), "nothing is left behind"
+    code, _, stderr = run_cli("verify", source)  # the kernel's grid is symmetric: no layer of it can run
+    assert code == 1 and "asymmetric weights cannot be stored exactly" in " ".join(stderr.split()), stderr
     code, stdout, stderr = run_cli("pack", source, out, "--requantize", "--group-size", "32", "--json")
     assert code == 0, stderr
     report = json.loads(stdout)

@@ -115,6 +115,29 @@ def test_refusals_name_the_tensor() -> None:
         ct.from_compressed(c, "layer", num_bits=8)
 
 
+def test_dequantize_refuses_tensors_that_disagree() -> None:
+    """Dequantization (what --requantize and verify read) checks the shapes and group numbers it indexes with."""
+    t = gptq.to_gptq(random_layer(128, 64, 32, False))
+    for bad, phrase in [
+        (
+            dict(t, g_idx=torch.full((128,), 4, dtype=torch.int32)),
+            r"layer\.g_idx must hold 128 group numbers in 0\.\.3",
+        ),
+        (dict(t, g_idx=torch.zeros(64, dtype=torch.int32)), r"layer\.g_idx must hold 128 group numbers"),
+        (dict(t, scales=t["scales"][:, :32]), r"layer\.scales is \[4, 32\], qweight implies N=64"),
+        ({k: v for k, v in dict(t, qweight=t["qweight"][:0]).items() if k != "g_idx"}, "do not divide in_features=0"),
+    ]:
+        with pytest.raises(CheckpointError, match=phrase):
+            gptq.dequantize(bad, "layer")
+    c = ct.to_compressed(random_layer(128, 64, 32, False))
+    for bad, phrase in [
+        (dict(c, weight_shape=torch.tensor([64, 136])), r"weight_packed is \[64, 16\], which does not hold"),
+        (dict(c, weight_scale=c["weight_scale"][:32]), r"weight_scale is \[32, 4\], weight_shape says N=64"),
+    ]:
+        with pytest.raises(CheckpointError, match=phrase):
+            ct.dequantize(bad, "layer")
+
+
 def test_asymmetric_and_8bit_dequantize() -> None:
     """What cannot be converted exactly can still be dequantized (the --requantize path)."""
     gen = torch.Generator().manual_seed(2)

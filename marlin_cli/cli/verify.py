@@ -20,11 +20,14 @@ from marlin_cli.cli.common import (
     note_kernel_build,
     print_json,
 )
-from marlin_cli.errors import CheckpointError, VerificationFailed
+from marlin_cli.errors import CheckpointError, UsageError, VerificationFailed
 
 
 def verify_command(
-    ckpt: Annotated[Path, typer.Argument(help="Marlin checkpoint directory (as written by quantize or pack).")],
+    ckpt: Annotated[
+        Path,
+        typer.Argument(help="Checkpoint directory written by quantize or pack: Marlin, GPTQ or compressed-tensors."),
+    ],
     device: DeviceOpt = None,
     seed: Annotated[int, typer.Option(help="Seed of the random activations.")] = 0,
     model_check_: Annotated[
@@ -44,10 +47,19 @@ def verify_command(
     """Check each quantized layer: tensors against the config, scales finite and positive, then the layer's product
     on random activations through the kernel against the float32 reference. Exit 0 only if every layer passes.
 
+    A GPTQ or compressed-tensors export's layers run through the kernel as `marlin pack` would convert them, against
+    the export's own dequantized weights.
+
     Example: marlin verify out/minilm-w4 --json
     """
+    from marlin_cli.repack import is_export
     from marlin_cli.verify import TOLERANCE, checksum_problems, model_check, verify_checkpoint
 
+    if model_check_ and is_export(ckpt):
+        raise UsageError(
+            f"--model-check runs the model on MarlinLinear layers, which read the Marlin format, not {ckpt}'s: "
+            f"`marlin pack {ckpt} OUT` converts it exactly, then `marlin verify OUT --model-check`"
+        )
     timer = Timer()
     note_kernel_build(device)
     with ProgressView(enabled=not json_out) as view:

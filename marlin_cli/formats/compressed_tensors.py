@@ -11,7 +11,7 @@ import torch
 
 from marlin_cli import grid
 from marlin_cli.errors import CheckpointError
-from marlin_cli.formats.gptq import Layer, from_natural, natural_g_idx, pack_along, to_natural, unpack_along
+from marlin_cli.formats.gptq import Layer, from_natural, group_index, pack_along, to_natural, unpack_along
 
 TENSORS = ("weight_packed", "weight_scale", "weight_shape", "weight_g_idx", "weight_zero_point")
 
@@ -42,7 +42,7 @@ def from_compressed(tensors: dict[str, torch.Tensor], name: str, num_bits: int =
             f"tensor {name}.weight_zero_point: asymmetric weights cannot be stored exactly on the symmetric Marlin "
             "grid; re-quantize with --requantize"
         )
-    n, k = _shape(tensors, name)
+    n, k = _shape(tensors, name, num_bits)
     codes = unpack_along(tensors["weight_packed"], 1)[:, :k].T.contiguous()  # (K, N)
     scales = tensors["weight_scale"]
     if scales.shape[0] != n:
@@ -54,23 +54,29 @@ def dequantize(tensors: dict[str, torch.Tensor], name: str, num_bits: int = 4) -
     """Dequantized weight (N, K) float32 of a 2/4/8-bit layer, symmetric or not: w = (q - zero) * scale."""
     if num_bits not in (2, 4, 8):
         raise CheckpointError(f"{name}: {num_bits}-bit weights pack across words, which is not supported")
-    n, k = _shape(tensors, name)
+    n, k = _shape(tensors, name, num_bits)
     offset = 2 ** (num_bits - 1)
     q = unpack_along(tensors["weight_packed"], 1, num_bits)[:, :k].float() - offset  # signed codes (N, K)
     scales = tensors["weight_scale"].float()  # (N, G)
+    if scales.shape[0] != n:
+        raise CheckpointError(f"tensor {name}.weight_scale is {list(scales.shape)}, weight_shape says N={n}")
     zeros = torch.zeros_like(scales)
     if "weight_zero_point" in tensors:  # stored as signed zero + offset, packed along N
         zeros = unpack_along(tensors["weight_zero_point"], 0, num_bits)[:n].float() - offset
-    g_idx = tensors.get("weight_g_idx")
-    g_idx = natural_g_idx(k, scales.shape[1]).long() if g_idx is None else g_idx.long()
+        if zeros.shape != scales.shape:
+            raise CheckpointError(
+                f"tensor {name}.weight_zero_point unpacks to {list(zeros.shape)}, not {list(scales.shape)}"
+            )
+    g_idx = group_index(tensors.get("weight_g_idx"), k, scales.shape[1], name)
     return (q - zeros[:, g_idx]) * scales[:, g_idx]
 
 
-def _shape(tensors: dict[str, torch.Tensor], name: str) -> tuple[int, int]:
+def _shape(tensors: dict[str, torch.Tensor], name: str, num_bits: int) -> tuple[int, int]:
     shape = tensors.get("weight_shape")
     if shape is None or shape.numel() != 2:
         raise CheckpointError(f"tensor {name}.weight_shape is missing or not [out_features, in_features]")
     n, k = (int(v) for v in shape.tolist())
-    if tensors["weight_packed"].shape[0] != n:
-        raise CheckpointError(f"tensor {name}.weight_packed is {list(tensors['weight_packed'].shape)}, not N={n} rows")
+    packed = list(tensors["weight_packed"].shape)
+    if len(packed) != 2 or packed[0] != n or not 0 < k <= packed[1] * 32 // num_bits:
+        raise CheckpointError(f"tensor {name}.weight_packed is {packed}, which does not hold weight_shape [{n}, {k}]")
     return n, k

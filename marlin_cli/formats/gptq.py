@@ -58,6 +58,18 @@ def natural_g_idx(k: int, groups: int, device: torch.device | None = None) -> to
     return (torch.arange(k, device=device) // (k // groups)).to(torch.int32)
 
 
+def group_index(g_idx: torch.Tensor | None, k: int, groups: int, name: str) -> torch.Tensor:
+    """The group of each of the K input rows, int64: `g_idx` checked, or the contiguous groups when it is absent."""
+    if g_idx is None:
+        if groups < 1 or k < groups or k % groups:
+            raise CheckpointError(f"{name}: {groups} scale groups do not divide in_features={k}")
+        return natural_g_idx(k, groups).long()
+    g_idx = g_idx.to(torch.int64).reshape(-1)
+    if g_idx.numel() != k or bool((g_idx < 0).any()) or bool((g_idx >= groups).any()):
+        raise CheckpointError(f"tensor {name}.g_idx must hold {k} group numbers in 0..{groups - 1}")
+    return g_idx
+
+
 def to_natural(layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes (K, N) in the natural input order and the g_idx int32 (K,) of every input row."""
     k = layer.codes.shape[0]
@@ -81,9 +93,7 @@ def from_natural(codes: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor 
     scales = scales.float()
     if g_idx is None:
         return Layer(codes, scales, None)
-    g_idx = g_idx.to(torch.int64).reshape(-1)
-    if g_idx.numel() != k or bool((g_idx < 0).any()) or bool((g_idx >= groups).any()):
-        raise CheckpointError(f"tensor {name}.g_idx must hold {k} group numbers in 0..{groups - 1}")
+    g_idx = group_index(g_idx, k, groups, name)
     if torch.equal(g_idx, natural_g_idx(k, groups).long()):
         return Layer(codes, scales, None)
     counts = torch.bincount(g_idx, minlength=groups)
@@ -155,8 +165,9 @@ def dequantize(
     qweight, scales = tensors["qweight"], tensors["scales"].float()
     q = unpack_along(qweight, 0, bits).to(torch.float32)  # (K, N)
     k = q.shape[0]
+    if scales.shape[1] != q.shape[1]:
+        raise CheckpointError(f"tensor {name}.scales is {list(scales.shape)}, qweight implies N={q.shape[1]}")
     zeros = stored_zeros(tensors, name, bits, checkpoint_format, scales.shape)
     zeros = torch.full_like(scales, 2 ** (bits - 1)) if zeros is None else zeros.float()
-    g_idx = tensors.get("g_idx")
-    g_idx = natural_g_idx(k, scales.shape[0]).long() if g_idx is None else g_idx.long()
+    g_idx = group_index(tensors.get("g_idx"), k, scales.shape[0], name)
     return ((q - zeros[g_idx]) * scales[g_idx]).T.contiguous()
