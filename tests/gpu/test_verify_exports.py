@@ -13,6 +13,8 @@ from safetensors.torch import save_file
 from marlin_cli.formats import compressed_tensors, gptq
 from marlin_cli.verify import TOLERANCE, verify_checkpoint
 
+pytestmark = pytest.mark.gpu
+
 SHAPES = [(256, 512), (512, 1024), (1024, 256)]  # (K, N); N = 1024 lets the batch-33 product take 256 columns
 
 
