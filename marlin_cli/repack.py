@@ -161,10 +161,8 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
             "dense Marlin checkpoint: convert it with `marlin pack` first, then run `marlin pack --sparse24` on that"
         )
     store = ckpt.Checkpoint(job.source)
-    marker, suffixes, scales = KEYS[src.kind]
-    prefixes = sorted(n.removesuffix(f".{marker}") for n in store.names() if n.endswith(f".{marker}"))
-    if not prefixes:
-        raise CheckpointError(f"{job.source}: quantization_config says {src.kind}, but no tensor ends in .{marker}")
+    _, suffixes, scales = KEYS[src.kind]
+    prefixes = quantized_layers(store, src)
     plan: dict[str, LayerReport] = {}
     converted: list[tuple[str, int, int, bool]] = []  # (layer, K, scale groups, permuted) of each converted layer
     source_names = {f"{p}.{s}" for p in prefixes for s in suffixes}
@@ -249,6 +247,15 @@ def _convert(
         report.method, report.error, report.rtn_error = "copied", 0.0, None
     report.seconds = round(time.perf_counter() - started, 4)
     return report, result, weight
+
+
+def quantized_layers(store: ckpt.Checkpoint, src: Source) -> list[str]:
+    """The names of the checkpoint's quantized layers (those with a qweight, weight_packed or B tensor), sorted."""
+    marker = KEYS[src.kind][0]
+    prefixes = sorted(n.removesuffix(f".{marker}") for n in store.names() if n.endswith(f".{marker}"))
+    if not prefixes:
+        raise CheckpointError(f"{store.path}: quantization_config says {src.kind}, but no tensor ends in .{marker}")
+    return prefixes
 
 
 def layer_tensors(store: ckpt.Checkpoint, src: Source, prefix: str) -> dict[str, torch.Tensor]:

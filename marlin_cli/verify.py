@@ -15,7 +15,7 @@ import torch
 from marlin_cli import repack
 from marlin_cli.calib.data import embedded_texts, token_samples
 from marlin_cli.config import default_device
-from marlin_cli.errors import CheckpointError, MarlinError, ModelError
+from marlin_cli.errors import MarlinError, ModelError
 from marlin_cli.formats import marlin, marlin24
 from marlin_cli.io.checkpoint import REPORT, Checkpoint, sha256
 from marlin_cli.kernel import ops, reference
@@ -123,11 +123,8 @@ def _export_layers(path: Path) -> list[_Layer]:
     assert src is not None
     store = Checkpoint(path)
     marker, _, scales = repack.KEYS[src.kind]
-    prefixes = sorted(n.removesuffix(f".{marker}") for n in store.names() if n.endswith(f".{marker}"))
-    if not prefixes:
-        raise CheckpointError(f"{path}: quantization_config says {src.kind}, but no tensor ends in .{marker}")
     layers = []
-    for prefix in prefixes:
+    for prefix in repack.quantized_layers(store, src):
         # for the table: GPTQ (K bits/32, N), compressed (N, K bits/32); read() refuses other shapes
         rows, cols = (store.entry(f"{prefix}.{marker}")["shape"] + [0, 0])[:2]
         k, n = (rows * 32 // src.bits, cols) if src.kind == repack.GPTQ else (cols * 32 // src.bits, rows)
@@ -137,7 +134,7 @@ def _export_layers(path: Path) -> list[_Layer]:
         def read(dev: torch.device, prefix: str = prefix, k: int = k, n: int = n, groups: int = groups) -> Checked:
             try:
                 tensors = repack.layer_tensors(store, src, prefix)
-                weight = repack.dequantize(src, prefix, tensors).to(dev)  # (N, K), the format's own decoding
+                weight = repack.dequantize(src, prefix, tensors)  # (N, K), the format's own decoding
                 problem = marlin.shape_problem(k, n, repack.group_size(src, prefix, k, groups or 1))
                 result = repack.exact(src, prefix, tensors)
             except MarlinError as e:
@@ -149,6 +146,7 @@ def _export_layers(path: Path) -> list[_Layer]:
                 return problem
             packed = PACKERS[OutputFormat.MARLIN](result)
             operands = [packed["B"].to(dev), packed["s"].to(dev), packed["perm"].to(dev) if "perm" in packed else None]
+            weight = weight.to(dev)
             return ops.gemm, operands, lambda a: a @ weight.T
 
         layers.append(_Layer(prefix, k, n, groups, read))
