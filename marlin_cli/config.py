@@ -63,7 +63,7 @@ class QuantConfig:
 
     bits: int = 4
     group_size: int = 128
-    act_order: ActOrder = None  # type: ignore[assignment]  # resolved below: static, or none with sparse24
+    act_order: ActOrder = None  # type: ignore[assignment]  # resolved below: static; none with sparse24 or rtn
     method: Method = Method.GPTQ
     damp: float = 0.01  # fraction of the mean Hessian diagonal added to the diagonal
     clip: bool = False  # search over shrunken group scales by the solve's own error (algo.gptq); see default_clip
@@ -71,9 +71,15 @@ class QuantConfig:
     sparse24: bool = False  # prune to 2:4 (2 of every 4 consecutive input weights kept) and store the 2:4 layout
 
     def __post_init__(self) -> None:
-        default = ActOrder.NONE if self.sparse24 else ActOrder.STATIC
-        object.__setattr__(self, "act_order", _enum(ActOrder, self.act_order or default, "--act-order"))
         object.__setattr__(self, "method", _enum(Method, self.method, "--method"))
+        # RTN rounds each weight on its own: no column order to choose, no permutation to store
+        default = ActOrder.NONE if self.sparse24 or self.method is Method.RTN else ActOrder.STATIC
+        object.__setattr__(self, "act_order", _enum(ActOrder, self.act_order or default, "--act-order"))
+        if self.method is Method.RTN and self.act_order is not ActOrder.NONE:
+            raise UsageError(
+                f"--act-order {self.act_order.value} with --method rtn: round-to-nearest quantizes each weight on its "
+                "own, in no column order, and stores no permutation; leave --act-order out or use --method gptq"
+            )
         if self.sparse24 and self.act_order is not ActOrder.NONE:
             raise UsageError(
                 f"--act-order {self.act_order.value} with --sparse24: 2:4 pruning chooses its mask in the natural "

@@ -20,7 +20,7 @@ from marlin_cli import __version__
 from marlin_cli.algo.result import QuantResult
 from marlin_cli.algo.rtn import rtn
 from marlin_cli.algo.sparsegpt import magnitude_rtn
-from marlin_cli.config import ActOrder, Method, QuantConfig
+from marlin_cli.config import ActOrder, Method, QuantConfig, default_device
 from marlin_cli.errors import CheckpointError, MarlinError, UsageError
 from marlin_cli.formats import compressed_tensors, gptq, marlin, marlin24
 from marlin_cli.io import checkpoint as ckpt
@@ -51,8 +51,15 @@ class RepackJob:
     format: OutputFormat = OutputFormat.MARLIN
     requantize: bool = False
     sparse24: bool = False  # re-quantize a dense Marlin checkpoint to 2:4
-    group_size: int = 128  # only with requantize or sparse24
-    clip: bool = False  # only with sparse24: squared-error clipping search of the RTN scales
+    group_size: int | None = None  # only with requantize or sparse24 (default 128); an exact copy keeps the source's
+    clip: bool = False  # only with requantize or sparse24: squared-error clipping search of the RTN scales
+    device: str | None = None  # where each layer is decoded and converted; default: cuda when present, else cpu
+
+    @property
+    def new_group_size(self) -> int:
+        """The group size of re-quantized layers."""
+        return QuantConfig.group_size if self.group_size is None else self.group_size
+
     max_shard_size: int = 5 * 10**9
     force: bool = False
 
@@ -160,6 +167,14 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
             else f"{job.source}: a {src.kind} checkpoint; --sparse24 takes a dense fp16/bf16 model or marlin's own "
             "dense Marlin checkpoint: convert it with `marlin pack` first, then run `marlin pack --sparse24` on that"
         )
+    if not (job.requantize or job.sparse24):
+        given = [flag for flag, on in (("--group-size", job.group_size is not None), ("--clip", job.clip)) if on]
+        if given:
+            raise UsageError(
+                f"{' and '.join(given)}: {job.source} converts exactly, its codes and scales copied as they are; "
+                f"to apply {'them' if len(given) > 1 else 'it'}, add --requantize (RTN of its dequantized weights)"
+            )
+    device = default_device(job.device)
     store = ckpt.Checkpoint(job.source)
     _, suffixes, scales = KEYS[src.kind]
     prefixes = quantized_layers(store, src)
@@ -171,11 +186,11 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
         writer = ckpt.ShardWriter(tmp, job.output, job.max_shard_size)
         for i, prefix in enumerate(prefixes):
             on_progress(Progress("layers", i, len(prefixes), prefix))
-            tensors = layer_tensors(store, src, prefix)
+            tensors = {k: t.to(device) for k, t in layer_tensors(store, src, prefix).items()}
             report, result, weight = _convert(src, prefix, tensors, job)
             plan[prefix] = report
             if result is None:
-                writer.add(f"{prefix}.weight", weight.to(tensors[scales].dtype))
+                writer.add(f"{prefix}.weight", weight.to("cpu", tensors[scales].dtype))
                 continue
             converted.append((prefix, result.codes.shape[0], result.scales.shape[0], result.perm is not None))
             for name, t in pack_layer(job.format, prefix, result, job.sparse24).items():
@@ -223,7 +238,7 @@ def _convert(
     report = LayerReport(prefix, k, n, "quantized")
     requantize = job.requantize or job.sparse24
     if requantize:
-        g = job.group_size
+        g = job.new_group_size
     else:
         groups = tensors["scales"].shape[0] if src.kind == GPTQ else tensors["weight_scale"].shape[1]
         g = group_size(src, prefix, k, groups or 1)
@@ -234,7 +249,7 @@ def _convert(
     if problem is not None:
         raise CheckpointError(f"{prefix}: {problem}; re-quantize with --requantize (and --group-size)")
     if requantize:
-        result = magnitude_rtn(weight, g, job.clip) if job.sparse24 else rtn(weight, g)
+        result = (magnitude_rtn if job.sparse24 else rtn)(weight, g, job.clip)
         report.method = "rtn"
         report.error = report.rtn_error = float((weight - result.weight()).square().sum() / weight.square().sum())
     else:
@@ -305,7 +320,7 @@ def _settings(job: RepackJob, src: Source, converted: list[tuple[str, int, int, 
     """The one group size and act-order the converted layers (layer, K, scale groups, permuted) share: a checkpoint's
     config holds one of each."""
     if job.requantize or job.sparse24:
-        sizes = {job.group_size}
+        sizes = {job.new_group_size}
     elif src.group_size is not None:
         sizes = {src.group_size}
     else:

@@ -1,16 +1,20 @@
 """End to end on a GPU: build a Llama-architecture model with random fp16 weights, quantize it with the CLI (blocks
 on the GPU) as dense and as 2:4, verify every layer through the CUDA kernels and run --model-check. Prints each
 run's wall time, the pipeline's time per block in the layer solves, the peak memory against `--dry-run`'s estimate.
+With --conversions, also times `marlin pack` of a GPTQ export and of a dense Marlin checkpoint (both RTN) with
+--device cpu and cuda, and says whether both wrote the same shards.
 
 Shapes: `small` (2048 wide, 5632 FFN, default 4 blocks) or `llama-70b` (Llama-3-70B's blocks: 8192 wide, 28672
 FFN, 64 heads, 8 KV heads; 2 blocks are about 3.5 GB of fp16 weights).
 
 Run on a GPU machine: python3 scripts/gpu_e2e.py TOKENIZER_DIR WORK_DIR [--shape S] [--blocks N] [--recipes R,...]
+[--conversions]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -30,6 +34,12 @@ RECIPES = {
     "group-clip": ["--act-order", "group", "--clip"],
     "sparse24": ["--sparse24"],
 }
+CONVERSIONS = {  # name: (source: the model quantized by RTN to this format, pack flags)
+    "gptq, exact": ("gptq", []),
+    "gptq, --requantize --group-size 64 --clip": ("gptq", ["--requantize", "--group-size", "64", "--clip"]),
+    "marlin, --sparse24": ("marlin", ["--sparse24"]),
+    "marlin, --sparse24 --clip": ("marlin", ["--sparse24", "--clip"]),
+}
 
 
 def marlin(*args: str) -> tuple[float, dict]:
@@ -41,7 +51,23 @@ def marlin(*args: str) -> tuple[float, dict]:
     return time.perf_counter() - start, json.loads(done.stdout)
 
 
-def main(tokenizer_dir: Path, work: Path, shape: str, blocks: int, recipes: list[str]) -> None:
+def conversions(work: Path) -> None:
+    for fmt in dict.fromkeys(source for source, _ in CONVERSIONS.values()):
+        marlin("quantize", str(work / "model"), str(work / f"rtn-{fmt}"), "--method", "rtn", "--format", fmt)
+    for name, (source, flags) in CONVERSIONS.items():
+        seconds, shards = {}, {}
+        for device in ("cpu", "cuda"):
+            out = work / f"pack-{device}"
+            args = ("pack", str(work / f"rtn-{source}"), str(out), *flags, "--device", device, "--force")
+            seconds[device], _ = marlin(*args)
+            shards[device] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.glob("*.safetensors")}
+        print(
+            f"pack {name}: {seconds['cpu']:.1f} s on the CPU ({torch.get_num_threads()} threads), "
+            f"{seconds['cuda']:.1f} s on the GPU (wall); the same shards: {shards['cpu'] == shards['cuda']}"
+        )
+
+
+def main(tokenizer_dir: Path, work: Path, shape: str, blocks: int, recipes: list[str], convert: bool) -> None:
     config = LlamaConfig(vocab_size=30522, num_hidden_layers=blocks, max_position_embeddings=4096, **SHAPES[shape])
     torch.manual_seed(0)
     start = time.perf_counter()
@@ -71,6 +97,8 @@ def main(tokenizer_dir: Path, work: Path, shape: str, blocks: int, recipes: list
             f"verify {name}: passed={checks['passed']} kernels={kernels} worst rel. error {worst:.2e} "
             f"model check {checks['model_check']} ({seconds:.1f} s)"
         )
+    if convert:
+        conversions(work)
 
 
 if __name__ == "__main__":
@@ -79,9 +107,12 @@ if __name__ == "__main__":
     parser.add_argument("work_dir", type=Path)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
     parser.add_argument("--blocks", type=int, default=None, help="default: 4 (small), 2 (llama-70b)")
-    parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
+    parser.add_argument(
+        "--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)} (or empty)"
+    )
+    parser.add_argument("--conversions", action="store_true", help="time marlin pack on the CPU and the GPU too")
     a = parser.parse_args()
-    names = a.recipes.split(",")
+    names = [n for n in a.recipes.split(",") if n]
     if unknown := set(names) - set(RECIPES):
         parser.error(f"unknown recipes {sorted(unknown)}")
-    main(a.tokenizer_dir, a.work_dir, a.shape, a.blocks or (4 if a.shape == "small" else 2), names)
+    main(a.tokenizer_dir, a.work_dir, a.shape, a.blocks or (4 if a.shape == "small" else 2), names, a.conversions)

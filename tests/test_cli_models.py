@@ -95,6 +95,21 @@ def test_clip_on_by_default_for_dense_gptq(args: list[str], clip: bool, tiny_mod
     assert json.loads(stdout)["quantization"]["clip"] is clip
 
 
+def test_rtn_takes_no_column_order_and_says_what_it_leaves_unused(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
+    """--method rtn over a preset with act-order group once wrote desc_act without a permutation, which verify then
+    failed on every layer; now the preset's order gives way, an explicit --act-order is refused, and calibration flags
+    draw a note."""
+    out = tmp_path / "w4"
+    code, _, stderr = run_cli("quantize", tiny_models("llama"), out, "--method", "rtn", "--act-order", "group")
+    assert code == 2 and "--act-order group with --method rtn" in stderr and not out.exists()
+    code, stdout, stderr = run_cli("quantize", tiny_models("llama"), out, "--preset", "w4-g128-best", "--method", "rtn")
+    assert code == 0, stderr
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["act_order"] == "none"
+    assert run_cli("verify", out)[0] == 0
+    code, _, stderr = run_cli("quantize", tiny_models("llama"), tmp_path / "w4b", "--method", "rtn", *FAST)
+    assert code == 0 and "note: --nsamples, --seqlen unused: --method rtn does no calibration" in stderr, stderr
+
+
 def test_pack_rtn_and_shards(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "packed"
     code, stdout, stderr = run_cli("pack", tiny_models("qwen2"), out, "--max-shard-size", "3MB", "--json")

@@ -277,6 +277,30 @@ def test_asymmetric_gptq_refused_unless_requantize(tiny_models, run_cli, tmp_pat
     assert len(report["layers"]) == len(dense) and run_cli("verify", out)[0] == 0
 
 
+def test_exact_conversion_refuses_requantizing_flags_and_requantize_takes_them(tiny_models, run_cli, tmp_path):  # noqa: ANN001
+    """--group-size and --clip apply to re-quantized weights only: on an exact copy they are refused rather than
+    ignored, and with --requantize --clip searches the RTN scales (it was once ignored there too)."""
+    source = tmp_path / "foreign"
+    write_foreign_gptq(tiny_models("llama"), source, "gptq", desc_act=False)
+    out = tmp_path / "marlin"
+    for args in (["--group-size", "32"], ["--clip"], ["--group-size", "128", "--clip"]):
+        code, _, stderr = run_cli("pack", source, out, *args)
+        flags = " and ".join(a for a in args if a.startswith("--"))
+        assert code == 2 and f"{flags}: {source} converts exactly" in stderr and "--requantize" in stderr, stderr
+        assert not out.exists()
+    errors = {}
+    for clip in ("--no-clip", "--clip"):
+        code, stdout, stderr = run_cli(
+            "pack", source, tmp_path / clip, "--requantize", "--group-size", "32", clip, "--json"
+        )
+        assert code == 0, stderr
+        errors[clip] = {layer["name"]: layer["error"] for layer in json.loads(stdout)["layers"]}
+        assert run_cli("verify", tmp_path / clip)[0] == 0
+    # the search's candidates include the absmax scale RTN takes without it, so no layer can do worse
+    assert all(errors["--clip"][name] <= e for name, e in errors["--no-clip"].items()), errors
+    assert sum(errors["--clip"].values()) < 0.9 * sum(errors["--no-clip"].values()), errors
+
+
 def test_compressed_tensors_refuses_act_order_group(tiny_models, run_cli, tmp_path):  # noqa: ANN001
     out = tmp_path / "ct"
     code, _, stderr = run_cli(

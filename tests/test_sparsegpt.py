@@ -118,3 +118,13 @@ def test_sparse24_defaults_to_the_natural_order_and_refuses_act_order() -> None:
         QuantConfig(method=Method.MAGNITUDE)
     with pytest.raises(ValueError, match="natural column order"):
         gptq(torch.randn(8, 128), torch.eye(128), QuantConfig(), saliency_prune)
+
+
+def test_rtn_solves_in_no_column_order() -> None:
+    """RTN rounds each weight on its own: its act-order is none, and another is refused (it once wrote desc_act with
+    no permutation to go with it)."""
+    assert QuantConfig(method=Method.RTN).act_order.value == "none"
+    assert QuantConfig(method=Method.RTN, **SPARSE).act_order.value == "none"
+    for order in ("static", "group"):
+        with pytest.raises(UsageError, match=f"--act-order {order} with --method rtn"):
+            QuantConfig(method=Method.RTN, act_order=order)

@@ -24,12 +24,19 @@ def pack_command(
     ],
     output: OutputArg,
     group_size: Annotated[
-        int,
+        int | None,
         typer.Option(
-            "--group-size", help="Input channels per scale: -1, 32, 64 or 128 (dense input, --requantize, --sparse24)."
+            "--group-size",
+            help="Input channels per scale: -1, 32, 64 or 128 (dense input, --requantize, --sparse24). "
+            "\\[default: 128]",
         ),
-    ] = 128,
-    clip: Annotated[bool, typer.Option("--clip/--no-clip", help="Search shrunken scales by squared error.")] = False,
+    ] = None,
+    clip: Annotated[
+        bool,
+        typer.Option(
+            "--clip/--no-clip", help="Search shrunken scales by squared error (dense input, --requantize, --sparse24)."
+        ),
+    ] = False,
     requantize: Annotated[
         bool,
         typer.Option(
@@ -92,8 +99,9 @@ def pack_command(
             format=parse_format(output_format),
             requantize=requantize,
             sparse24=sparse24,
-            group_size=QuantConfig(group_size=group_size).group_size,
+            group_size=None if group_size is None else QuantConfig(group_size=group_size).group_size,
             clip=clip,
+            device=device,
             max_shard_size=parse_size(max_shard_size),
             force=force,
         )
@@ -104,7 +112,10 @@ def pack_command(
             model=str(input),
             output=output,
             quant=QuantConfig(
-                group_size=group_size, clip=clip, method=Method.GPTQ if calib else Method.RTN, sparse24=sparse24
+                group_size=QuantConfig.group_size if group_size is None else group_size,
+                clip=clip,
+                method=Method.GPTQ if calib else Method.RTN,
+                sparse24=sparse24,
             ),
             calib=CalibConfig(source=calib or "embedded"),
             device=device,

@@ -98,24 +98,27 @@ def quantize_command(
         ),
     ] = False,
     calib: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Calibration text: 'embedded' (ships with marlin, offline; sampled by document, or by paragraph "
             "for a sentence-transformers model), a .txt/.jsonl/.parquet file, "
-            "or a datasets hub name 'name[:config]:split:field'."
+            "or a datasets hub name 'name[:config]:split:field'. \\[default: embedded]"
         ),
-    ] = "embedded",
+    ] = None,
     nsamples: Annotated[
-        int, typer.Option(help="Calibration samples (documents or paragraphs, each truncated to --seqlen).")
-    ] = 128,
+        int | None,
+        typer.Option(
+            help="Calibration samples (documents or paragraphs, each truncated to --seqlen). \\[default: 128]"
+        ),
+    ] = None,
     seqlen: Annotated[
-        int,
+        int | None,
         typer.Option(
             help="Tokens per sample at most; capped by the model's maximum positions and, for a "
-            "sentence-transformers model, its max_seq_length."
+            "sentence-transformers model, its max_seq_length. \\[default: 2048]"
         ),
-    ] = 2048,
-    seed: Annotated[int, typer.Option(help="Seed for choosing the calibration samples.")] = 0,
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for choosing the calibration samples. \\[default: 0]")] = None,
     device: DeviceOpt = None,
     max_shard_size: ShardOpt = "5GB",
     trust_remote_code: Annotated[
@@ -136,7 +139,7 @@ def quantize_command(
 ) -> None:
     """Quantize MODEL to 4-bit Marlin-format safetensors in OUTPUT, with GPTQ calibrated block by block
     (with --sparse24 also pruned to 2:4 by SparseGPT)."""
-    from marlin_cli.config import CalibConfig, QuantConfig, default_clip, read_preset
+    from marlin_cli.config import CalibConfig, Method, QuantConfig, default_clip, read_preset
     from marlin_cli.io.checkpoint import parse_size
     from marlin_cli.pipeline import Job
     from marlin_cli.plan import dry_run
@@ -146,11 +149,18 @@ def quantize_command(
     settings: dict[str, Any] = read_preset(preset) if preset else {}
     settings.update({k: v for k, v in given.items() if v is not None})
     settings.setdefault("clip", default_clip(settings.get("method", "gptq"), settings.get("sparse24", False)))
+    if Method(settings.get("method", "gptq")) is Method.RTN:  # a valid name: default_clip checked it
+        if act_order is None:
+            settings.pop("act_order", None)  # a preset's column order was for its calibrated solve
+        flags = (("--calib", calib), ("--nsamples", nsamples), ("--seqlen", seqlen), ("--seed", seed), ("--damp", damp))
+        if unused := [flag for flag, value in flags if value is not None]:
+            err_console.print(f"note: {', '.join(unused)} unused: --method rtn does no calibration", highlight=False)
+    sampling = {"source": calib, "nsamples": nsamples, "seqlen": seqlen, "seed": seed}
     job = Job(
         model=model,
         output=output,
         quant=QuantConfig(**settings),
-        calib=CalibConfig(source=calib, nsamples=nsamples, seqlen=seqlen, seed=seed),
+        calib=CalibConfig(**{k: v for k, v in sampling.items() if v is not None}),
         device=device,
         max_shard_size=parse_size(max_shard_size),
         force=force,

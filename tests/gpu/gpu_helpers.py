@@ -1,13 +1,19 @@
-"""Random Marlin operands and a GPU-side unpack for the GPU tests (the CPU unpack is slow for 70B shapes)."""
+"""Random Marlin operands, a GPU-side unpack (the CPU unpack is slow for 70B shapes) and random GPTQ /
+compressed-tensors exports for the GPU tests."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from marlin_cli import grid
-from marlin_cli.formats import marlin
+from marlin_cli.formats import compressed_tensors, gptq, marlin
+
+EXPORT_SHAPES = [(256, 512), (512, 1024), (1024, 256)]  # (K, N); N = 1024 lets the batch-33 product take 256 columns
 
 
 def random_operands(
@@ -99,3 +105,30 @@ def kernels_launched(run: Callable[[], object]) -> str:
         run()
         torch.cuda.synchronize()
     return " ".join(e.name for e in prof.events())
+
+
+def write_export(path: Path, fmt: str, group: int, act_order: bool) -> None:
+    """Random codes, positive scales and (act_order) a shuffled g_idx for each of EXPORT_SHAPES, written as `fmt`
+    (gptq or compressed-tensors) prescribes."""
+    gen = torch.Generator().manual_seed(group + act_order)
+    tensors = {}
+    for i, (k, n) in enumerate(EXPORT_SHAPES):
+        groups = 1 if group == -1 else k // group
+        codes = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
+        scales = (torch.rand(groups, n, generator=gen) + 0.5) / 64
+        perm = torch.randperm(k, generator=gen) if act_order else None
+        if perm is not None:  # stored rows sorted by group, as from_natural makes them
+            perm = perm.reshape(groups, -1).sort(1).values.reshape(-1)
+        layer = gptq.Layer(codes, scales.half().float(), perm)
+        packed = gptq.to_gptq(layer) if fmt == "gptq" else compressed_tensors.to_compressed(layer)
+        tensors |= {f"layers.{i}.proj.{name}": t for name, t in packed.items()}
+    path.mkdir()
+    save_file(tensors, path / "model.safetensors")
+    if fmt == "gptq":
+        qc = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": act_order, "sym": True}
+    else:
+        weights = {"num_bits": 4, "symmetric": True, "strategy": "channel" if group == -1 else "group"}
+        weights |= {"group_size": group} if group != -1 else {}
+        groups = {"group_0": {"targets": ["Linear"], "weights": weights}}
+        qc = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": groups}
+    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "quantization_config": qc}))

@@ -1,12 +1,19 @@
-"""The pipeline packs each layer on the device it was solved on: the same tensors as packing on the CPU."""
+"""The pipeline packs each layer on the device it was solved on, and `marlin pack` converts each layer on its
+--device: the same tensors as on the CPU."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
+from gpu_helpers import write_export
 
 from marlin_cli.algo.result import QuantResult
+from marlin_cli.io.checkpoint import Checkpoint
 from marlin_cli.pipeline import OutputFormat, pack_layer
+from marlin_cli.repack import RepackJob, repack
 
 pytestmark = pytest.mark.gpu
 
@@ -46,4 +53,43 @@ def test_2_4_packs_alike_on_the_gpu(group_size: int) -> None:
     gpu = QuantResult(cpu.codes.cuda(), cpu.scales.cuda(), None)
     _assert_alike(
         pack_layer(OutputFormat.MARLIN, "layer", cpu, True), pack_layer(OutputFormat.MARLIN, "layer", gpu, True)
+    )
+
+
+def _conversion(source: Path, out: Path, device: str, **job: Any) -> dict[str, torch.Tensor]:
+    repack(RepackJob(source, out, device=device, **job))
+    store = Checkpoint(out)
+    return {name: store.tensor(name) for name in store.names()}
+
+
+@pytest.mark.parametrize(
+    "job",
+    [{}, {"requantize": True, "group_size": 64}, {"requantize": True, "group_size": 32, "clip": True}],
+    ids=["exact", "requantize", "requantize-clip"],
+)
+@pytest.mark.parametrize("act_order", [False, True], ids=["natural", "act-order"])
+@pytest.mark.parametrize("fmt", ["gptq", "compressed-tensors"])
+def test_conversions_on_the_gpu_write_the_cpus_tensors(
+    fmt: str, act_order: bool, job: dict[str, Any], tmp_path: Path
+) -> None:
+    """`marlin pack --device cuda` of an export decodes and converts each layer on the GPU: the same tensors, bit for
+    bit, as on the CPU. RTN and the clipping search are elementwise roundings and per-row sums over the same
+    candidates; a sum taken in another order could flip a near-tie between two candidates, which these random
+    weights do not reach."""
+    source = tmp_path / "export"
+    write_export(source, fmt, 128, act_order)
+    cpu = _conversion(source, tmp_path / "cpu", "cpu", **job)
+    gpu = _conversion(source, tmp_path / "gpu", "cuda", **job)
+    _assert_alike(cpu, gpu)
+
+
+def test_2_4_conversion_on_the_gpu_writes_the_cpus_tensors(tmp_path: Path) -> None:
+    """A dense Marlin checkpoint re-quantized to 2:4 (magnitude 2:4 + RTN, with the clipping search) on the GPU."""
+    source = tmp_path / "export"
+    write_export(source, "gptq", 128, False)
+    repack(RepackJob(source, tmp_path / "dense", device="cpu"))
+    job = {"sparse24": True, "clip": True}
+    _assert_alike(
+        _conversion(tmp_path / "dense", tmp_path / "cpu", "cpu", **job),
+        _conversion(tmp_path / "dense", tmp_path / "gpu", "cuda", **job),
     )
