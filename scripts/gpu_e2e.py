@@ -55,15 +55,17 @@ def conversions(work: Path) -> None:
     for fmt in dict.fromkeys(source for source, _ in CONVERSIONS.values()):
         marlin("quantize", str(work / "model"), str(work / f"rtn-{fmt}"), "--method", "rtn", "--format", fmt)
     for name, (source, flags) in CONVERSIONS.items():
-        seconds, shards = {}, {}
+        seconds, errors, shards = {}, {}, {}
         for device in ("cpu", "cuda"):
             out = work / f"pack-{device}"
             args = ("pack", str(work / f"rtn-{source}"), str(out), *flags, "--device", device, "--force")
-            seconds[device], _ = marlin(*args)
+            seconds[device], report = marlin(*args)
+            errors[device] = report["summary"]["error_sum"]
             shards[device] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.glob("*.safetensors")}
         print(
             f"pack {name}: {seconds['cpu']:.1f} s on the CPU ({torch.get_num_threads()} threads), "
-            f"{seconds['cuda']:.1f} s on the GPU (wall); the same shards: {shards['cpu'] == shards['cuda']}"
+            f"{seconds['cuda']:.1f} s on the GPU (wall); added error {errors['cpu']:.6g} / {errors['cuda']:.6g}; "
+            f"the same shards: {shards['cpu'] == shards['cuda']}"
         )
 
 

@@ -120,6 +120,15 @@ def test_sparse24_defaults_to_the_natural_order_and_refuses_act_order() -> None:
         gptq(torch.randn(8, 128), torch.eye(128), QuantConfig(), saliency_prune)
 
 
+def test_magnitude_mask_keeps_the_earlier_column_on_a_tie() -> None:
+    """Weights on a 4-bit grid tie often; the earlier column wins, on every device alike (topk did not promise it)."""
+    w = torch.tensor([[1.0, -1.0, 1.0, 0.5, 2.0, 2.0, 2.0, 2.0, 0.25, -3.0, 3.0, -3.0]])
+    keep = [[True, True, False, False, True, True, False, False, False, True, True, False]]
+    assert magnitude_mask(w).tolist() == keep
+    flipped = [[True, True, False, False, True, True, False, False, False, True, True, False]]
+    assert magnitude_mask(w.flip(1)).tolist() == flipped
+
+
 def test_rtn_solves_in_no_column_order() -> None:
     """RTN rounds each weight on its own: its act-order is none, and another is refused (it once wrote desc_act with
     no permutation to go with it)."""

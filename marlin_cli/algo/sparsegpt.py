@@ -20,11 +20,13 @@ from marlin_cli.config import QuantConfig
 
 
 def magnitude_mask(weight: torch.Tensor) -> torch.Tensor:
-    """(N, K) weights -> bool (N, K), True where kept: the 2 largest |w| of every 4 consecutive columns of a row."""
+    """(N, K) weights -> bool (N, K), True where kept: the 2 largest |w| of every 4 consecutive columns of a row, the
+    earlier column on a tie. Ties are common in weights already on a 4-bit grid (a dense Marlin checkpoint re-quantized
+    to 2:4), and topk breaks them differently on the CPU and the GPU; a stable sort breaks them alike."""
     n, k = weight.shape
     groups = weight.abs().reshape(n, k // PRUNE_M, PRUNE_M)
-    keep = torch.zeros_like(groups, dtype=torch.bool)
-    return keep.scatter_(2, torch.topk(groups, KEEP, dim=2).indices, True).reshape(n, k)
+    largest = torch.sort(groups, dim=2, descending=True, stable=True).indices[..., :KEEP]
+    return torch.zeros_like(groups, dtype=torch.bool).scatter_(2, largest, True).reshape(n, k)
 
 
 def sparsegpt(

@@ -94,7 +94,7 @@ def from_natural(codes: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor 
     if g_idx is None:
         return Layer(codes, scales, None)
     g_idx = group_index(g_idx, k, groups, name)
-    if torch.equal(g_idx, natural_g_idx(k, groups).long()):
+    if torch.equal(g_idx, natural_g_idx(k, groups, g_idx.device).long()):
         return Layer(codes, scales, None)
     counts = torch.bincount(g_idx, minlength=groups)
     if bool((counts != k // groups).any()):

@@ -18,6 +18,7 @@ from marlin_cli.repack import RepackJob, repack
 pytestmark = pytest.mark.gpu
 
 K, N = 512, 256
+TIED = 0.005  # the share of scales the clipping search may choose differently on the GPU (_assert_like_the_cpu)
 
 
 def _result(group_size: int, perm: bool, sparse24: bool, seed: int = 0) -> QuantResult:
@@ -56,10 +57,30 @@ def test_2_4_packs_alike_on_the_gpu(group_size: int) -> None:
     )
 
 
-def _conversion(source: Path, out: Path, device: str, **job: Any) -> dict[str, torch.Tensor]:
-    repack(RepackJob(source, out, device=device, **job))
+def _conversion(source: Path, out: Path, device: str, **job: Any) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """Each layer's added error and every tensor written."""
+    report = repack(RepackJob(source, out, device=device, **job))
     store = Checkpoint(out)
-    return {name: store.tensor(name) for name in store.names()}
+    return {r["name"]: r["error"] for r in report["layers"]}, {name: store.tensor(name) for name in store.names()}
+
+
+def _assert_like_the_cpu(source: Path, tmp_path: Path, **job: Any) -> None:
+    """Converted on the GPU, the CPU's tensors bit for bit. With --clip the search sums each candidate scale's squared
+    error over a row's group, and the GPU sums in another order: where two candidates' errors tie to within float
+    rounding the choice may differ, changing that scale and the layer's error by about the rounding (measured on the
+    H100: 40 of 28,672 scales of the act-order exports, none of the others; the errors by at most 3.3e-7 of
+    themselves), hence TIED and the errors' tolerance, 3.5x and 30x that."""
+    cpu_errors, cpu = _conversion(source, tmp_path / "cpu", "cpu", **job)
+    gpu_errors, gpu = _conversion(source, tmp_path / "gpu", "cuda", **job)
+    if not job.get("clip"):
+        _assert_alike(cpu, gpu)
+        return
+    assert cpu.keys() == gpu.keys()
+    for name, error in cpu_errors.items():
+        assert gpu_errors[name] == pytest.approx(error, rel=1e-5), name
+    scales = [name for name in cpu if name.endswith(".s")]
+    differ = sum(int((cpu[n] != gpu[n]).sum()) for n in scales) / sum(cpu[n].numel() for n in scales)
+    assert differ <= TIED, differ
 
 
 @pytest.mark.parametrize(
@@ -72,24 +93,16 @@ def _conversion(source: Path, out: Path, device: str, **job: Any) -> dict[str, t
 def test_conversions_on_the_gpu_write_the_cpus_tensors(
     fmt: str, act_order: bool, job: dict[str, Any], tmp_path: Path
 ) -> None:
-    """`marlin pack --device cuda` of an export decodes and converts each layer on the GPU: the same tensors, bit for
-    bit, as on the CPU. RTN and the clipping search are elementwise roundings and per-row sums over the same
-    candidates; a sum taken in another order could flip a near-tie between two candidates, which these random
-    weights do not reach."""
+    """`marlin pack --device cuda` of an export decodes and converts each layer on the GPU."""
     source = tmp_path / "export"
     write_export(source, fmt, 128, act_order)
-    cpu = _conversion(source, tmp_path / "cpu", "cpu", **job)
-    gpu = _conversion(source, tmp_path / "gpu", "cuda", **job)
-    _assert_alike(cpu, gpu)
+    _assert_like_the_cpu(source, tmp_path, **job)
 
 
-def test_2_4_conversion_on_the_gpu_writes_the_cpus_tensors(tmp_path: Path) -> None:
-    """A dense Marlin checkpoint re-quantized to 2:4 (magnitude 2:4 + RTN, with the clipping search) on the GPU."""
+@pytest.mark.parametrize("clip", [False, True], ids=["rtn", "rtn-clip"])
+def test_2_4_conversion_on_the_gpu_writes_the_cpus_tensors(clip: bool, tmp_path: Path) -> None:
+    """A dense Marlin checkpoint re-quantized to 2:4 (magnitude 2:4 + RTN) on the GPU."""
     source = tmp_path / "export"
     write_export(source, "gptq", 128, False)
     repack(RepackJob(source, tmp_path / "dense", device="cpu"))
-    job = {"sparse24": True, "clip": True}
-    _assert_alike(
-        _conversion(tmp_path / "dense", tmp_path / "cpu", "cpu", **job),
-        _conversion(tmp_path / "dense", tmp_path / "gpu", "cuda", **job),
-    )
+    _assert_like_the_cpu(tmp_path / "dense", tmp_path, sparse24=True, clip=clip)
