@@ -90,6 +90,8 @@ def test_an_original_with_other_blocks(tiny_models, run_cli, tmp_path: Path) -> 
     code, _, stderr = run_cli("verify", out, "--model-check", "--original", other)
     message = " ".join(stderr.split())
     assert code == 2 and "does not have the 3 blocks" in message and "--original" in message, stderr
+    code, _, stderr = run_cli("verify", out, "--original", other)
+    assert code == 2 and "add --model-check" in stderr, "--original alone would otherwise go unused"
 
 
 def test_load_quantized_reads_stored_dtypes(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001

@@ -55,6 +55,8 @@ def verify_command(
     from marlin_cli.repack import is_export
     from marlin_cli.verify import TOLERANCE, checksum_problems, model_check, verify_checkpoint
 
+    if original is not None and not model_check_:
+        raise UsageError(f"--original {original}: it is the model --model-check compares with; add --model-check")
     if model_check_ and is_export(ckpt):
         raise UsageError(
             f"--model-check runs the model on MarlinLinear layers, which read the Marlin format, not {ckpt}'s: "
