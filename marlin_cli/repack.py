@@ -54,14 +54,13 @@ class RepackJob:
     group_size: int | None = None  # only with requantize or sparse24 (default 128); an exact copy keeps the source's
     clip: bool = False  # only with requantize or sparse24: squared-error clipping search of the RTN scales
     device: str | None = None  # where each layer is decoded and converted; default: cuda when present, else cpu
+    max_shard_size: int = 5 * 10**9
+    force: bool = False
 
     @property
     def new_group_size(self) -> int:
         """The group size of re-quantized layers."""
         return QuantConfig.group_size if self.group_size is None else self.group_size
-
-    max_shard_size: int = 5 * 10**9
-    force: bool = False
 
 
 @dataclass(frozen=True)
