@@ -426,8 +426,9 @@ def check_format(
     if cfg.act_order is ActOrder.GROUP:
         raise UsageError(
             "--format compressed-tensors with --act-order group: compressed-tensors (0.20 and later) no longer reads "
-            "actorder 'group' (weight_g_idx); use --act-order static (same accuracy gain, no permutation) or "
-            "--format gptq, whose desc_act layout vLLM still serves"
+            "actorder 'group' (weight_g_idx); quantize with --act-order static (same accuracy gain, no permutation), "
+            "convert a desc_act checkpoint with --requantize (RTN in the natural order), or use --format gptq, whose "
+            "desc_act layout vLLM still serves"
         )
     conv = sorted({type(m).__name__ for block in linears for m in block.values() if not isinstance(m, nn.Linear)})
     if conv:

@@ -261,6 +261,31 @@ def test_conversion_writes_shards_as_it_goes(tiny_models, run_cli, tmp_path, mon
             assert torch.equal(tensors(out)[f"{name}.perm"], torch.arange(w.shape[1], dtype=torch.int32))
 
 
+def test_desc_act_to_compressed_tensors_refused_at_the_first_permuted_layer(
+    tiny_models,
+    run_cli,
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+):
+    """compressed-tensors no longer reads act-order group: a desc_act GPTQ checkpoint is refused as soon as its first
+    permuted layer is converted (once every layer had been), and --requantize converts it in the natural order."""
+    import marlin_cli.repack as repack
+
+    source = tmp_path / "foreign"
+    write_foreign_gptq(tiny_models("llama"), source, "gptq", desc_act=True, natural="down_proj")
+    converted: list[str] = []
+    convert = repack._convert
+    monkeypatch.setattr(repack, "_convert", lambda src, p, *a: (converted.append(p), convert(src, p, *a))[1])
+    out = tmp_path / "ct"
+    code, _, stderr = run_cli("pack", source, out, "--format", "compressed-tensors")
+    assert code == 2 and "--format compressed-tensors with --act-order group" in stderr and "--requantize" in stderr
+    # layers convert in name order: mlp.down_proj keeps its order, mlp.gate_proj is the first permuted one
+    assert not out.exists() and [p.rsplit(".", 1)[1] for p in converted] == ["down_proj", "gate_proj"], converted
+    code, _, stderr = run_cli("pack", source, out, "--format", "compressed-tensors", "--requantize")
+    assert code == 0, stderr
+    assert run_cli("verify", out)[0] == 0
+
+
 def test_asymmetric_gptq_refused_unless_requantize(tiny_models, run_cli, tmp_path):  # noqa: ANN001
     source = tmp_path / "asym"
     dense = write_foreign_gptq(tiny_models("llama"), source, "gptq", desc_act=False, asym=True)
