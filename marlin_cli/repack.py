@@ -57,6 +57,9 @@ class RepackJob:
     max_shard_size: int = 5 * 10**9
     force: bool = False
 
+    def __post_init__(self) -> None:
+        check_format(self.format, QuantConfig(sparse24=self.sparse24), [])  # what the settings alone rule out, up front
+
     @property
     def new_group_size(self) -> int:
         """The group size of re-quantized layers."""

@@ -186,9 +186,12 @@ def test_quantize_refusals(args: list[str], message: str, tiny_models, run_cli, 
 
 
 def test_pack_refusals(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
-    gptq = tmp_path / "gptq"
+    gptq, dense = tmp_path / "gptq", tmp_path / "dense"
     assert run_cli("pack", tiny_models("llama"), gptq, "--format", "gptq")[0] == 0
+    assert run_cli("pack", tiny_models("llama"), dense)[0] == 0
     for args, message in [
+        # refused when the job is made, before any layer converts (it once converted them all first)
+        ([dense, tmp_path / "d", "--sparse24", "--format", "gptq"], "--format gptq with --sparse24"),
         ([gptq, tmp_path / "a", "--sparse24"], f"{gptq}: a gptq checkpoint; --sparse24 takes a dense"),
         ([tiny_models("opt"), tmp_path / "b", "--calib", "embedded"], "--calib without --sparse24"),
         ([gptq, tmp_path / "c", "--sparse24", "--calib", "embedded"], "calibrated 2:4 needs the original model"),
