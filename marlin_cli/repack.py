@@ -194,7 +194,7 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
             if result is None:
                 writer.add(f"{prefix}.weight", weight.to("cpu", tensors[scales].dtype))
                 continue
-            if result.perm is not None and not any(permuted for *_, permuted in converted):
+            if result.perm is not None:
                 # the checkpoint will be act-order group: refuse a format without it now, not after every layer
                 check_format(job.format, QuantConfig(act_order=ActOrder.GROUP), [])
             converted.append((prefix, result.codes.shape[0], result.scales.shape[0], result.perm is not None))
