@@ -192,6 +192,7 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
             report, result, weight = _convert(src, prefix, tensors, job)
             plan[prefix] = report
             if result is None:
+                check_format(job.format, QuantConfig(sparse24=job.sparse24), [], [prefix])  # gptq: no dense layers
                 writer.add(f"{prefix}.weight", weight.to("cpu", tensors[scales].dtype))
                 continue
             if result.perm is not None:

@@ -343,3 +343,13 @@ def test_gptq_export_refuses_a_partly_quantizable_block(run_cli, tmp_path):  # n
     code, _, stderr = run_cli("pack", model, tmp_path / "out", "--format", "gptq")
     assert code == 2 and "--format gptq needs every block layer quantized" in stderr
     assert not (tmp_path / "out").exists()
+    # converting: a GPTQ source whose down projections (K = 192) do not fit the Marlin tile, to --format gptq
+    source = tmp_path / "foreign"
+    write_foreign_gptq(make_tiny("llama", tmp_path / "odd192", intermediate_size=192), source, "gptq", desc_act=False)
+    code, _, stderr = run_cli("pack", source, tmp_path / "out", "--format", "gptq")
+    assert code == 2 and "--format gptq needs every block layer quantized" in stderr and "down_proj" in stderr
+    assert not (tmp_path / "out").exists()
+    code, stdout, stderr = run_cli("pack", source, tmp_path / "out", "--json")  # marlin keeps them dense
+    assert code == 0, stderr
+    kept = [layer["name"] for layer in json.loads(stdout)["layers"] if layer["status"] == "kept"]
+    assert kept and all(name.endswith("down_proj") for name in kept) and run_cli("verify", tmp_path / "out")[0] == 0
