@@ -205,7 +205,6 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
         if not converted:
             raise CheckpointError(f"{job.source}: no layer has a shape the Marlin format accepts")
         cfg = _settings(job, src, converted)
-        check_format(job.format, cfg, [])
         if cfg.act_order is ActOrder.GROUP and job.format is OutputFormat.MARLIN:
             # desc_act applies to every layer of a Marlin checkpoint: the others get the identity permutation
             for prefix, k, _, permuted in converted:
