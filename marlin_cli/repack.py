@@ -199,6 +199,7 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
                 # the checkpoint will be act-order group: refuse a format without it now, not after every layer
                 check_format(job.format, QuantConfig(act_order=ActOrder.GROUP), [])
             converted.append((prefix, result.codes.shape[0], result.scales.shape[0], result.perm is not None))
+            _check_group(job, src, converted)
             for name, t in pack_layer(job.format, prefix, result, job.sparse24).items():
                 writer.add(name, t)
         on_progress(Progress("layers", len(prefixes), len(prefixes), "done"))
@@ -318,22 +319,39 @@ def group_size(src: Source, prefix: str, k: int, groups: int) -> int:
                 f"{prefix}: {groups} scale groups disagree with the config's group_size {src.group_size}"
             )
         return -1 if src.group_size == k else src.group_size
+    return _implied_group(k, groups)
+
+
+def _implied_group(k: int, groups: int) -> int:
     return -1 if groups == 1 else k // groups
 
 
+def _check_group(job: RepackJob, src: Source, converted: list[tuple[str, int, int, bool]]) -> None:
+    """A checkpoint's config holds one group size: when an exact copy's source config does not say it, the last
+    converted layer (layer, K, scale groups, permuted) must imply the first one's, refused at that layer, not after
+    all of them."""
+    if job.requantize or job.sparse24 or src.group_size is not None:
+        return
+    (first, k0, g0, _), (last, k, g, _) = converted[0], converted[-1]
+    if _implied_group(k, g) != _implied_group(k0, g0):
+        raise CheckpointError(
+            f"{job.source}: {last} has group size {_implied_group(k, g)} but {first} has {_implied_group(k0, g0)}; "
+            "a checkpoint holds one group size: re-quantize with --requantize (and --group-size)"
+        )
+
+
 def _settings(job: RepackJob, src: Source, converted: list[tuple[str, int, int, bool]]) -> QuantConfig:
-    """The one group size and act-order the converted layers (layer, K, scale groups, permuted) share: a checkpoint's
-    config holds one of each."""
+    """The one group size (_check_group saw to it) and the act-order of the converted layers (layer, K, scale groups,
+    permuted)."""
     if job.requantize or job.sparse24:
-        sizes = {job.new_group_size}
+        size = job.new_group_size
     elif src.group_size is not None:
-        sizes = {src.group_size}
+        size = src.group_size
     else:
-        sizes = {-1 if groups == 1 else k // groups for _, k, groups, _ in converted}
-    if len(sizes) > 1:
-        raise CheckpointError(f"{job.source}: layers use group sizes {sorted(sizes)}; re-quantize with --requantize")
+        _, k, groups, _ = converted[0]
+        size = _implied_group(k, groups)
     return QuantConfig(
-        group_size=sizes.pop(),
+        group_size=size,
         act_order=ActOrder.GROUP if any(permuted for *_, permuted in converted) else ActOrder.NONE,
         method=Method.RTN if job.requantize or job.sparse24 else Method.GPTQ,
         sparse24=job.sparse24,

@@ -4,6 +4,7 @@ GPTQ and compressed-tensors, and a GPTQ checkpoint written by the format's rules
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -154,7 +155,13 @@ def test_verify_reads_exports(fmt: str, args: list[str], tiny_models, run_cli, t
 
 
 def write_foreign_gptq(
-    source: Path, out: Path, zero_format: str, desc_act: bool, asym: bool = False, natural: str | None = None
+    source: Path,
+    out: Path,
+    zero_format: str,
+    desc_act: bool,
+    asym: bool = False,
+    natural: str | None = None,
+    group: Callable[[str], int] | None = None,
 ) -> dict:
     """Write a GPTQ checkpoint of `source` by the format's own rules (DESIGN.md 3.3), independently of marlin's code:
     GPTQModel and AutoGPTQ do not install on the CPU-only test machine, so their writer cannot run here.
@@ -162,10 +169,11 @@ def write_foreign_gptq(
     Per Linear layer of the blocks: absmax scales per group of 64 input rows (rows assigned to groups through a
     shuffled g_idx when desc_act), codes round(w / s) + zero, 8 codes per int32 along K, zeros packed along N and
     stored minus one for the original ("gptq") convention; layers whose name holds `natural` keep a monotone g_idx
-    under desc_act. Returns {layer: dequantized (N, K) float32 weight}."""
+    under desc_act. `group` gives each layer's group size by name instead, and the config then leaves it unsaid.
+    Returns {layer: dequantized (N, K) float32 weight}."""
     state = load_file(next(source.glob("*.safetensors")))
     config = json.loads((source / "config.json").read_text())
-    g, gen, dense, out_state = 64, torch.Generator().manual_seed(7), {}, {}
+    gen, dense, out_state = torch.Generator().manual_seed(7), {}, {}
     for name, t in state.items():
         prefix = name.removesuffix(".weight")
         if not (name.endswith("_proj.weight") and ".layers." in name):
@@ -173,6 +181,7 @@ def write_foreign_gptq(
             continue
         w = t.float()  # (N, K)
         n, k = w.shape
+        g = group(prefix) if group else 64
         g_idx = torch.arange(k) // g
         if desc_act and not (natural and natural in prefix):
             g_idx = g_idx[torch.randperm(k, generator=gen)]
@@ -199,11 +208,13 @@ def write_foreign_gptq(
     config["quantization_config"] = {
         "quant_method": "gptq",
         "bits": 4,
-        "group_size": g,
+        "group_size": 64,
         "desc_act": desc_act,
         "sym": not asym,
         "checkpoint_format": zero_format,
     }
+    if group:
+        del config["quantization_config"]["group_size"]
     (out / "config.json").write_text(json.dumps(config))
     for f in source.glob("tokenizer*"):
         (out / f.name).write_bytes(f.read_bytes())
@@ -282,6 +293,40 @@ def test_desc_act_to_compressed_tensors_refused_at_the_first_permuted_layer(
     # layers convert in name order: mlp.down_proj keeps its order, mlp.gate_proj is the first permuted one
     assert not out.exists() and [p.rsplit(".", 1)[1] for p in converted] == ["down_proj", "gate_proj"], converted
     code, _, stderr = run_cli("pack", source, out, "--format", "compressed-tensors", "--requantize")
+    assert code == 0, stderr
+    assert run_cli("verify", out)[0] == 0
+
+
+def test_group_size_left_unsaid_is_read_from_the_scales_and_must_be_one(
+    tiny_models,
+    run_cli,
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+):
+    """A GPTQ config without group_size: the scales' shapes give it, and layers that disagree are refused at the
+    first one that differs (once every layer had been converted first), with --requantize as the way out."""
+    import marlin_cli.repack as repack
+
+    same, mixed = tmp_path / "same", tmp_path / "mixed"
+    write_foreign_gptq(tiny_models("llama"), same, "gptq", desc_act=False, group=lambda name: 32)
+    code, _, stderr = run_cli("pack", same, tmp_path / "out")
+    assert code == 0, stderr
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]["group_size"] == 32
+    assert run_cli("verify", tmp_path / "out")[0] == 0
+
+    # down_proj (K = 256) at group 128, the others at 64: layers convert in name order, down_proj first
+    write_foreign_gptq(tiny_models("llama"), mixed, "gptq", desc_act=False, group=lambda n: 128 if "down" in n else 64)
+    converted: list[str] = []
+    convert = repack._convert
+    monkeypatch.setattr(repack, "_convert", lambda src, p, *a: (converted.append(p), convert(src, p, *a))[1])
+    out = tmp_path / "mixed-out"
+    code, _, stderr = run_cli("pack", mixed, out)
+    message = " ".join(stderr.split())
+    assert code == 2 and "model.layers.0.mlp.gate_proj has group size 64 but" in message, stderr
+    assert "model.layers.0.mlp.down_proj has 128" in message and "--requantize" in message, stderr
+    assert [p.rsplit(".", 1)[1] for p in converted] == ["down_proj", "gate_proj"], converted
+    assert not out.exists() and not list(tmp_path.glob(".marlin*")), "nothing is left behind"
+    code, _, stderr = run_cli("pack", mixed, out, "--requantize")
     assert code == 0, stderr
     assert run_cli("verify", out)[0] == 0
 
