@@ -303,12 +303,15 @@ def test_group_size_left_unsaid_is_read_from_the_scales_and_must_be_one(
     tmp_path,
     monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
 ):
-    """A GPTQ config without group_size: the scales' shapes give it, and layers that disagree are refused at the
-    first one that differs (once every layer had been converted first), with --requantize as the way out."""
+    """A GPTQ config without group_size: the scales' shapes give it (inspect shows what they imply), and layers that
+    disagree are refused at the first one that differs (once every layer had been converted first), with --requantize
+    as the way out."""
     import marlin_cli.repack as repack
 
     same, mixed = tmp_path / "same", tmp_path / "mixed"
     write_foreign_gptq(tiny_models("llama"), same, "gptq", desc_act=False, group=lambda name: 32)
+    info = json.loads(run_cli("inspect", same, "--json")[1])
+    assert info["group_size"] is None and info["scale_group_sizes"] == [32], info
     code, _, stderr = run_cli("pack", same, tmp_path / "out")
     assert code == 0, stderr
     assert json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]["group_size"] == 32
@@ -316,6 +319,8 @@ def test_group_size_left_unsaid_is_read_from_the_scales_and_must_be_one(
 
     # down_proj (K = 256) at group 128, the others at 64: layers convert in name order, down_proj first
     write_foreign_gptq(tiny_models("llama"), mixed, "gptq", desc_act=False, group=lambda n: 128 if "down" in n else 64)
+    code, _, stderr = run_cli("inspect", mixed)
+    assert code == 0 and "not in the config; the scales imply 64, 128" in " ".join(stderr.split()), stderr
     converted: list[str] = []
     convert = repack._convert
     monkeypatch.setattr(repack, "_convert", lambda src, p, *a: (converted.append(p), convert(src, p, *a))[1])

@@ -36,12 +36,16 @@ def describe(path: Path) -> dict[str, Any]:
         dtypes[entry["dtype"]] = dtypes.get(entry["dtype"], 0) + 1
     archs = config.get("architectures")
     ignored = qc.get("ignored_modules") or {k: "ignored" for k in _strings(qc.get("ignore"))}
+    quantized = {name: {"in_features": k, "out_features": n} for name, (k, n) in layers.items()} or (
+        _layers_from_tensors(store, settings)
+    )
+    if settings["group_size"] is None and quantized and not layers:  # an export whose config does not say it
+        settings["scale_group_sizes"] = _scale_group_sizes(store, quantized)
     return {
         "path": str(path),
         "architecture": archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else "?",
         **settings,
-        "quantized_layers": {name: {"in_features": k, "out_features": n} for name, (k, n) in layers.items()}
-        or _layers_from_tensors(store, settings),
+        "quantized_layers": quantized,
         "ignored_layers": ignored if isinstance(ignored, dict) else {},
         "tensors": len(store.names()),
         "tensor_dtypes": dtypes,
@@ -110,6 +114,18 @@ def _layers_from_tensors(store: Checkpoint, settings: dict[str, Any]) -> dict[st
     return layers
 
 
+def _scale_group_sizes(store: Checkpoint, layers: dict[str, dict[str, int]]) -> list[int]:
+    """The group sizes a GPTQ (scales (groups, N)) or compressed-tensors (weight_scale (N, groups)) checkpoint's
+    scales imply, for a config that does not say it (-1: one group per layer), as `marlin pack` reads them."""
+    sizes = set()
+    for name, shape in layers.items():
+        for suffix, axis in (("scales", 0), ("weight_scale", 1)):
+            dims = store.entry(f"{name}.{suffix}")["shape"] if f"{name}.{suffix}" in store.file_of else []
+            if len(dims) == 2 and dims[axis] > 0:
+                sizes.add(-1 if dims[axis] == 1 else shape["in_features"] // dims[axis])
+    return sorted(sizes)
+
+
 def inspect_command(
     ckpt: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
     layers: Annotated[bool, typer.Option("--layers", help="List every quantized layer.")] = False,
@@ -128,6 +144,8 @@ def inspect_command(
         value = str(info[key])
         if key == "method" and info.get("sparsity"):
             value = _SPARSE24_METHODS.get(value, value)
+        if key == "group_size" and "scale_group_sizes" in info:
+            value = f"not in the config; the scales imply {', '.join(map(str, info['scale_group_sizes']))}"
         table.add_row(key, value)
     if info.get("sparsity"):
         table.add_row("sparsity", f"{info['sparsity']} (2 of every 4 weights along K stored)")
