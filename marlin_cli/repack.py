@@ -319,10 +319,11 @@ def group_size(src: Source, prefix: str, k: int, groups: int) -> int:
                 f"{prefix}: {groups} scale groups disagree with the config's group_size {src.group_size}"
             )
         return -1 if src.group_size == k else src.group_size
-    return _implied_group(k, groups)
+    return implied_group(k, groups)
 
 
-def _implied_group(k: int, groups: int) -> int:
+def implied_group(k: int, groups: int) -> int:
+    """The group size of a layer of K input channels stored with `groups` scale rows when no config says it."""
     return -1 if groups == 1 else k // groups
 
 
@@ -333,9 +334,9 @@ def _check_group(job: RepackJob, src: Source, converted: list[tuple[str, int, in
     if job.requantize or job.sparse24 or src.group_size is not None:
         return
     (first, k0, g0, _), (last, k, g, _) = converted[0], converted[-1]
-    if _implied_group(k, g) != _implied_group(k0, g0):
+    if implied_group(k, g) != implied_group(k0, g0):
         raise CheckpointError(
-            f"{job.source}: {last} has group size {_implied_group(k, g)} but {first} has {_implied_group(k0, g0)}; "
+            f"{job.source}: {last} has group size {implied_group(k, g)} but {first} has {implied_group(k0, g0)}; "
             "a checkpoint holds one group size: re-quantize with --requantize (and --group-size)"
         )
 
@@ -349,7 +350,7 @@ def _settings(job: RepackJob, src: Source, converted: list[tuple[str, int, int, 
         size = src.group_size
     else:
         _, k, groups, _ = converted[0]
-        size = _implied_group(k, groups)
+        size = implied_group(k, groups)
     return QuantConfig(
         group_size=size,
         act_order=ActOrder.GROUP if any(permuted for *_, permuted in converted) else ActOrder.NONE,

@@ -117,12 +117,14 @@ def _layers_from_tensors(store: Checkpoint, settings: dict[str, Any]) -> dict[st
 def _scale_group_sizes(store: Checkpoint, layers: dict[str, dict[str, int]]) -> list[int]:
     """The group sizes a GPTQ (scales (groups, N)) or compressed-tensors (weight_scale (N, groups)) checkpoint's
     scales imply, for a config that does not say it (-1: one group per layer), as `marlin pack` reads them."""
+    from marlin_cli.repack import implied_group
+
     sizes = set()
     for name, shape in layers.items():
         for suffix, axis in (("scales", 0), ("weight_scale", 1)):
             dims = store.entry(f"{name}.{suffix}")["shape"] if f"{name}.{suffix}" in store.file_of else []
             if len(dims) == 2 and dims[axis] > 0:
-                sizes.add(-1 if dims[axis] == 1 else shape["in_features"] // dims[axis])
+                sizes.add(implied_group(shape["in_features"], dims[axis]))
     return sorted(sizes)
 
 
