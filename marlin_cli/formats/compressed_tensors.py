@@ -11,7 +11,15 @@ import torch
 
 from marlin_cli import grid
 from marlin_cli.errors import CheckpointError
-from marlin_cli.formats.gptq import Layer, from_natural, group_index, pack_along, to_natural, unpack_along
+from marlin_cli.formats.gptq import (
+    Layer,
+    dequantize_rows,
+    from_natural,
+    group_index,
+    pack_along,
+    to_natural,
+    unpack_along,
+)
 
 TENSORS = ("weight_packed", "weight_scale", "weight_shape", "weight_g_idx", "weight_zero_point")
 
@@ -51,12 +59,13 @@ def from_compressed(tensors: dict[str, torch.Tensor], name: str, num_bits: int =
 
 
 def dequantize(tensors: dict[str, torch.Tensor], name: str, num_bits: int = 4) -> torch.Tensor:
-    """Dequantized weight (N, K) float32 of a 2/4/8-bit layer, symmetric or not: w = (q - zero) * scale."""
+    """Dequantized weight (N, K) float32 of a 2/4/8-bit layer, symmetric or not: w = (q - zero) * scale. It is the
+    transpose of a contiguous (K, N) tensor, as `QuantResult.weight` returns, so comparing them is cheap."""
     if num_bits not in (2, 4, 8):
         raise CheckpointError(f"{name}: {num_bits}-bit weights pack across words, which is not supported")
     n, k = _shape(tensors, name, num_bits)
     offset = 2 ** (num_bits - 1)
-    q = unpack_along(tensors["weight_packed"], 1, num_bits)[:, :k].float() - offset  # signed codes (N, K)
+    q = unpack_along(tensors["weight_packed"], 1, num_bits)[:, :k].T.contiguous().float().sub_(offset)  # (K, N)
     scales = tensors["weight_scale"].float()  # (N, G)
     if scales.shape[0] != n:
         raise CheckpointError(f"tensor {name}.weight_scale is {list(scales.shape)}, weight_shape says N={n}")
@@ -68,7 +77,7 @@ def dequantize(tensors: dict[str, torch.Tensor], name: str, num_bits: int = 4) -
                 f"tensor {name}.weight_zero_point unpacks to {list(zeros.shape)}, not {list(scales.shape)}"
             )
     g_idx = group_index(tensors.get("weight_g_idx"), k, scales.shape[1], name)
-    return (q - zeros[:, g_idx]) * scales[:, g_idx]
+    return dequantize_rows(q, zeros.T, scales.T, g_idx).T  # (K, N) in memory, as QuantResult.weight's
 
 
 def _shape(tensors: dict[str, torch.Tensor], name: str, num_bits: int) -> tuple[int, int]:

@@ -70,6 +70,17 @@ def group_index(g_idx: torch.Tensor | None, k: int, groups: int, name: str) -> t
     return g_idx
 
 
+def dequantize_rows(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor) -> torch.Tensor:
+    """(q - zero) * scale, in place on the float codes q (K, N), each row with its group's row of zeros and scales
+    (G, N): broadcast over contiguous groups (no (K, N) copies of them), gathered per row for any other g_idx."""
+    k, n = q.shape
+    groups = scales.shape[0]
+    if torch.equal(g_idx, natural_g_idx(k, groups, g_idx.device).long()):
+        grouped = q.unflatten(0, (groups, k // groups))
+        return grouped.sub_(zeros.unsqueeze(1)).mul_(scales.unsqueeze(1)).flatten(0, 1)
+    return q.sub_(zeros[g_idx]).mul_(scales[g_idx])
+
+
 def to_natural(layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes (K, N) in the natural input order and the g_idx int32 (K,) of every input row."""
     k = layer.codes.shape[0]
@@ -159,7 +170,8 @@ def stored_zeros(
 def dequantize(
     tensors: dict[str, torch.Tensor], name: str, bits: int = 4, checkpoint_format: str = "gptq"
 ) -> torch.Tensor:
-    """Dequantized weight (N, K) float32 of any 2/4/8-bit GPTQ layer, symmetric or not: w = (q - zero) * scale."""
+    """Dequantized weight (N, K) float32 of any 2/4/8-bit GPTQ layer, symmetric or not: w = (q - zero) * scale.
+    It is the transpose of a contiguous (K, N) tensor, as `QuantResult.weight` returns, so comparing them is cheap."""
     if bits not in (2, 4, 8):
         raise CheckpointError(f"{name}: {bits}-bit GPTQ packs codes across words, which is not supported")
     qweight, scales = tensors["qweight"], tensors["scales"].float()
@@ -169,5 +181,4 @@ def dequantize(
         raise CheckpointError(f"tensor {name}.scales is {list(scales.shape)}, qweight implies N={q.shape[1]}")
     zeros = stored_zeros(tensors, name, bits, checkpoint_format, scales.shape)
     zeros = torch.full_like(scales, 2 ** (bits - 1)) if zeros is None else zeros.float()
-    g_idx = group_index(tensors.get("g_idx"), k, scales.shape[0], name)
-    return ((q - zeros[g_idx]) * scales[g_idx]).T.contiguous()
+    return dequantize_rows(q, zeros, scales, group_index(tensors.get("g_idx"), k, scales.shape[0], name)).T
