@@ -41,7 +41,13 @@ def pack_nibbles(values: torch.Tensor, dtype: torch.dtype = torch.int32) -> torc
     return (v[..., 0::2] | (v[..., 1::2] << 4)).contiguous().view(dtype).squeeze(-1)
 
 
-def unpack_nibbles(words: torch.Tensor) -> torch.Tensor:
-    """The exact inverse of `pack_nibbles`: integer words (...) -> uint8 (..., 2 * bytes per word) values 0..15."""
-    b = words.contiguous().unsqueeze(-1).view(torch.uint8)
-    return torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)
+def unpack_nibbles(words: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The exact inverse of `pack_nibbles`: integer words -> uint8 values 0..15, each word's 2 * bytes of them on a new
+    axis right after `dim` ((..., L) -> (..., L, 2 * bytes) for the last). Written in that order directly: unpacking
+    along another axis than the last (GPTQ's qweight, packed along K) needs no transposed copies."""
+    dim %= words.dim()
+    b = words.contiguous().unsqueeze(-1).view(torch.uint8).movedim(-1, dim + 1)  # each word's bytes after its axis
+    v = b.new_empty(*b.shape[: dim + 2], 2, *b.shape[dim + 2 :])
+    torch.bitwise_and(b, 0xF, out=v.select(dim + 2, 0))
+    torch.bitwise_right_shift(b, 4, out=v.select(dim + 2, 1))
+    return v.flatten(dim + 1, dim + 2)

@@ -44,12 +44,12 @@ def pack_along(values: torch.Tensor, dim: int, bits: int = 4) -> torch.Tensor:
 
 def unpack_along(words: torch.Tensor, dim: int, bits: int = 4) -> torch.Tensor:
     """The exact inverse of `pack_along`: int32 -> uint8 codes, 32/bits times as long along `dim`."""
+    dim %= words.dim()
     if bits == grid.BITS:
-        v = grid.unpack_nibbles(words.to(torch.int32).movedim(dim, -1))  # (..., L, 8)
-    else:
-        w = words.to(torch.int64).movedim(dim, -1) & 0xFFFFFFFF
-        shifts = torch.arange(0, 32, bits, dtype=torch.int64, device=w.device)
-        v = (w.unsqueeze(-1) >> shifts) & (2**bits - 1)  # (..., L, per)
+        return grid.unpack_nibbles(words.to(torch.int32), dim).flatten(dim, dim + 1)
+    w = words.to(torch.int64).movedim(dim, -1) & 0xFFFFFFFF
+    shifts = torch.arange(0, 32, bits, dtype=torch.int64, device=w.device)
+    v = (w.unsqueeze(-1) >> shifts) & (2**bits - 1)  # (..., L, per)
     return v.reshape(*v.shape[:-2], -1).movedim(-1, dim).to(torch.uint8).contiguous()
 
 
