@@ -280,7 +280,8 @@ def quantized_layers(store: ckpt.Checkpoint, src: Source) -> list[str]:
 
 
 def layer_tensors(store: ckpt.Checkpoint, src: Source, prefix: str) -> dict[str, torch.Tensor]:
-    """A quantized layer's stored tensors by suffix (qweight, scales, ...); CheckpointError without its scales."""
+    """A quantized layer's stored tensors by suffix (qweight, scales, ...); CheckpointError without its scales or
+    with damaged ones."""
     marker, suffixes, scales = KEYS[src.kind]
     if f"{prefix}.{scales}" not in store.file_of:
         raise CheckpointError(f"tensor {prefix}.{scales} is missing: {prefix}.{marker} cannot be read without it")
@@ -288,7 +289,19 @@ def layer_tensors(store: ckpt.Checkpoint, src: Source, prefix: str) -> dict[str,
         entry = store.entry(name)
         if entry["dtype"] not in dtypes or len(entry["shape"]) != 2:
             raise CheckpointError(f"tensor {name} is {entry['dtype']} {entry['shape']}, not a 2-D {'/'.join(dtypes)}")
-    return {s: store.tensor(f"{prefix}.{s}") for s in suffixes if f"{prefix}.{s}" in store.file_of}
+    tensors = {s: store.tensor(f"{prefix}.{s}") for s in suffixes if f"{prefix}.{s}" in store.file_of}
+    problem = scales_problem(f"{prefix}.{scales}", tensors[scales])
+    if problem is not None:
+        raise CheckpointError(f"{store.path}: {problem}: the checkpoint is damaged; re-export it")
+    return tensors
+
+
+def scales_problem(tensor: str, s: torch.Tensor) -> str | None:
+    """Symmetric 4-bit scales, and an asymmetric format's, are finite and positive: a zero, negative or NaN one is
+    damage, whatever it computes."""
+    if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
+        return f"tensor {tensor} has scales that are not finite and positive"
+    return None
 
 
 def exact(src: Source, prefix: str, tensors: dict[str, torch.Tensor]) -> QuantResult:

@@ -89,6 +89,39 @@ def test_nan_weights_are_refused(tiny_models, run_cli, tmp_path: Path) -> None: 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("source", "args", "bad"),
+    [
+        ("gptq", [], float("nan")),
+        ("gptq", ["--requantize"], float("inf")),
+        ("compressed-tensors", [], 0.0),
+        ("marlin", ["--sparse24"], float("nan")),
+    ],
+    ids=["gptq-nan", "gptq-requantize-inf", "compressed-zero", "marlin-sparse24-nan"],
+)
+def test_damaged_scales_are_refused(source: str, args: list[str], bad: float, tiny_models, run_cli, tmp_path):  # noqa: ANN001
+    """A NaN, Inf or zero scale in a quantized source is damage: `marlin pack` names the tensor (it once reported
+    "this is a bug" for a NaN, or a 2:4 violation), exits 2 and leaves nothing behind; verify fails that layer."""
+    src = tmp_path / "src"
+    code, _, stderr = run_cli("quantize", tiny_models("llama"), src, "--method", "rtn", "--format", source)
+    assert code == 0, stderr
+    (src / "quantization_report.json").unlink()  # the shard changes: leave the checksums out
+    shard = next(src.glob("*.safetensors"))
+    state = load_file(shard)
+    name = next(
+        n for n in sorted(state) if n.endswith(("mlp.down_proj.scales", "down_proj.weight_scale", "down_proj.s"))
+    )
+    state[name].view(-1)[5] = bad
+    save_file(state, shard, metadata={"format": "pt"})
+    code, _, stderr = run_cli("pack", src, tmp_path / "out", *args)
+    message = " ".join(stderr.split())
+    assert code == 2 and f"tensor {name} has scales that are not finite and positive" in message, stderr
+    assert "the checkpoint is damaged" in message and "a bug" not in message
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["src"]
+    code, _, stderr = run_cli("verify", src)
+    assert code == 1 and name in " ".join(stderr.split()), stderr
+
+
 def test_verify_rejects_a_changed_shard(tiny_models, run_cli, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "w4"
     assert run_cli("pack", tiny_models("llama"), out)[0] == 0
