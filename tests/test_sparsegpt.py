@@ -129,6 +129,17 @@ def test_magnitude_mask_keeps_the_earlier_column_on_a_tie() -> None:
     assert magnitude_mask(w.flip(1)).tolist() == flipped
 
 
+def test_magnitude_mask_is_a_stable_descending_sorts_first_two() -> None:
+    """The pairwise rule against its definition: the first 2 of each group of 4 |w| under a stable descending sort,
+    on a coarse grid where most groups hold ties."""
+    w = (torch.randn(64, 512, generator=torch.Generator().manual_seed(3)) * 2).round() / 2
+    groups = w.abs().reshape(64, 128, 4)
+    assert (groups.unsqueeze(-1) == groups.unsqueeze(-2)).sum((-1, -2)).gt(4).float().mean() > 0.5, "ties are common"
+    first = torch.sort(groups, dim=2, descending=True, stable=True).indices[..., :2]
+    want = torch.zeros_like(groups, dtype=torch.bool).scatter_(2, first, True).reshape(64, 512)
+    assert torch.equal(magnitude_mask(w), want)
+
+
 def test_rtn_solves_in_no_column_order() -> None:
     """RTN rounds each weight on its own: its act-order is none, and another is refused (it once wrote desc_act with
     no permutation to go with it)."""
