@@ -35,9 +35,10 @@ def decode_groups(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 # Nibble packing for every format: entry i of a word in bits 4i..4i+3. Entries 2i and 2i + 1 make byte i, and a
 # word's bytes in memory order are its value on a little-endian machine (x86 and ARM, the platforms torch ships
 # for), so packing is one OR of uint8 tensors and a reinterpreting view: no 64-bit shifts and sums.
-def pack_nibbles(values: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-    """Values 0..15 (..., 2 * bytes of dtype) -> (...) words of `dtype` (two's complement where signed)."""
-    v = values.to(torch.uint8)
+def pack_nibbles(values: torch.Tensor, dtype: torch.dtype = torch.int32, dim: int = -1) -> torch.Tensor:
+    """Values 0..15, each word's 2 * bytes of `dtype` of them along `dim` -> words of `dtype` (two's complement where
+    signed), that axis removed. ((..., 2 * bytes) -> (...) for the last.)"""
+    v = values.to(torch.uint8).movedim(dim, -1)
     return (v[..., 0::2] | (v[..., 1::2] << 4)).contiguous().view(dtype).squeeze(-1)
 
 

@@ -17,13 +17,15 @@ SHAPES = [(128, 64), (256, 192), (384, 1536), (1536, 384)]
 @pytest.mark.parametrize(("dtype", "bits"), [(torch.int32, 32), (torch.int16, 16)])
 def test_nibble_packing_matches_shifts_and_sums(dtype: torch.dtype, bits: int) -> None:
     """grid.pack_nibbles (bytes of a word reinterpreted) against the arithmetic definition: entry i times 16**i,
-    summed, as a two's-complement word; unpack_nibbles must invert it, its values after any axis of the words."""
+    summed, as a two's-complement word, from entries along any axis; unpack_nibbles must invert it, its values after
+    any axis of the words."""
     per = bits // 4
     values = torch.randint(0, 16, (37, 5, per), generator=torch.Generator().manual_seed(bits), dtype=torch.uint8)
     sums = (values.to(torch.int64) << torch.arange(0, bits, 4)).sum(-1)
     want = torch.where(sums >= 2 ** (bits - 1), sums - 2**bits, sums).to(dtype)
     packed = grid.pack_nibbles(values, dtype)
     assert packed.dtype == dtype and torch.equal(packed, want)
+    assert torch.equal(grid.pack_nibbles(values.permute(0, 2, 1), dtype, dim=1), want)  # entries along another axis
     assert torch.equal(grid.unpack_nibbles(packed), values)
     assert torch.equal(grid.unpack_nibbles(packed, 1), values)
     assert torch.equal(grid.unpack_nibbles(packed, 0), values.permute(0, 2, 1))  # (37, per, 5)

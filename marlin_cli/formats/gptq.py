@@ -30,13 +30,13 @@ class Layer(NamedTuple):
 
 def pack_along(values: torch.Tensor, dim: int, bits: int = 4) -> torch.Tensor:
     """Integer codes in 0..2**bits-1 -> int32, 32/bits codes per word along `dim`, code j of a word in bits bits*j."""
-    per = 32 // bits
+    per, dim = 32 // bits, dim % values.dim()
+    if values.shape[dim] % per:
+        raise ShapeError(f"{values.shape[dim]} values along dim {dim} is not a multiple of {per} ({bits}-bit packing)")
+    if bits == grid.BITS:  # a word's codes on an axis after `dim`: one copy of the packed bytes, no int64 codes
+        return grid.pack_nibbles(values.unflatten(dim, (-1, per)), dim=dim + 1)
     v = values.to(torch.int64).movedim(dim, -1)
-    if v.shape[-1] % per:
-        raise ShapeError(f"{v.shape[-1]} values along dim {dim} is not a multiple of {per} ({bits}-bit packing)")
     v = v.reshape(*v.shape[:-1], -1, per)  # (..., L/per, per)
-    if bits == grid.BITS:
-        return grid.pack_nibbles(v).movedim(-1, dim).contiguous()
     words = (v << torch.arange(0, 32, bits, dtype=torch.int64, device=v.device)).sum(-1)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     return words.movedim(-1, dim).contiguous()
