@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from marlin_cli import __version__
-from marlin_cli.algo.result import QuantResult
+from marlin_cli.algo.result import QuantResult, relative_error
 from marlin_cli.algo.rtn import rtn
 from marlin_cli.algo.sparsegpt import magnitude_rtn
 from marlin_cli.config import ActOrder, Method, QuantConfig, default_device
@@ -257,7 +257,7 @@ def _convert(
     if requantize:
         result = (magnitude_rtn if job.sparse24 else rtn)(weight, g, job.clip)
         report.method = "rtn"
-        report.error = report.rtn_error = float((weight - result.weight()).square().sum() / weight.square().sum())
+        report.error = report.rtn_error = relative_error(weight, result.weight())
     else:
         try:
             result = exact(src, prefix, tensors)
