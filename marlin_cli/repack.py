@@ -255,7 +255,8 @@ def _convert(
     if problem is not None:
         raise CheckpointError(f"{prefix}: {problem}; re-quantize with --requantize (and --group-size)")
     if requantize:
-        result = (magnitude_rtn if job.sparse24 else rtn)(weight, g, job.clip)
+        # weight is (K, N) in memory, as result.weight() is (a cheap error); RTN and the 2:4 mask read (N, K) rows
+        result = (magnitude_rtn if job.sparse24 else rtn)(weight.contiguous(), g, job.clip)
         report.method = "rtn"
         report.error = report.rtn_error = relative_error(weight, result.weight())
     else:
