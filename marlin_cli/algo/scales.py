@@ -47,7 +47,8 @@ def clip_scales(w: torch.Tensor, costs: torch.Tensor | None) -> torch.Tensor:
     candidates = clip_candidates(absmax(w, 2))
     best, best_err = candidates[0], torch.full_like(candidates[0], float("inf"))
     for s in candidates:
-        d = w - grid.decode(grid.encode(w, s.unsqueeze(2)), s.unsqueeze(2))
+        step = s.unsqueeze(2)
+        d = w - grid.round_signed(w, step).mul_(step)  # = decode(encode(w)) exactly, without the uint8 round trip
         d.square_()
         err = (d if costs is None else d.mul_(costs)).sum(2)
         better = err < best_err
