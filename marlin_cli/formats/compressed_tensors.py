@@ -51,7 +51,7 @@ def from_compressed(tensors: dict[str, torch.Tensor], name: str, num_bits: int =
             "grid; re-quantize with --requantize"
         )
     n, k = _shape(tensors, name, num_bits)
-    codes = unpack_along(tensors["weight_packed"], 1)[:, :k].T.contiguous()  # (K, N)
+    codes = _codes(tensors, k, grid.BITS)
     scales = tensors["weight_scale"]
     if scales.shape[0] != n:
         raise CheckpointError(f"tensor {name}.weight_scale is {list(scales.shape)}, weight_shape says N={n}")
@@ -65,7 +65,7 @@ def dequantize(tensors: dict[str, torch.Tensor], name: str, num_bits: int = 4) -
         raise CheckpointError(f"{name}: {num_bits}-bit weights pack across words, which is not supported")
     n, k = _shape(tensors, name, num_bits)
     offset = 2 ** (num_bits - 1)
-    q = unpack_along(tensors["weight_packed"], 1, num_bits)[:, :k].T.contiguous().float().sub_(offset)  # (K, N)
+    q = _codes(tensors, k, num_bits).float().sub_(offset)  # signed codes (K, N)
     scales = tensors["weight_scale"].float()  # (N, G)
     if scales.shape[0] != n:
         raise CheckpointError(f"tensor {name}.weight_scale is {list(scales.shape)}, weight_shape says N={n}")
@@ -78,6 +78,11 @@ def dequantize(tensors: dict[str, torch.Tensor], name: str, num_bits: int = 4) -
             )
     g_idx = group_index(tensors.get("weight_g_idx"), k, scales.shape[1], name)
     return dequantize_rows(q, zeros.T, scales.T, g_idx).T  # (K, N) in memory, as QuantResult.weight's
+
+
+def _codes(tensors: dict[str, torch.Tensor], k: int, num_bits: int) -> torch.Tensor:
+    """weight_packed (N, K bits/32) -> uint8 codes (K, N), contiguous."""
+    return unpack_along(tensors["weight_packed"], 1, num_bits)[:, :k].T.contiguous()
 
 
 def _shape(tensors: dict[str, torch.Tensor], name: str, num_bits: int) -> tuple[int, int]:

@@ -58,6 +58,11 @@ def natural_g_idx(k: int, groups: int, device: torch.device | None = None) -> to
     return (torch.arange(k, device=device) // (k // groups)).to(torch.int32)
 
 
+def _is_natural(g_idx: torch.Tensor, k: int, groups: int) -> bool:
+    """Whether the int64 g_idx is that of contiguous groups (no act-order permutation)."""
+    return torch.equal(g_idx, natural_g_idx(k, groups, g_idx.device).long())
+
+
 def group_index(g_idx: torch.Tensor | None, k: int, groups: int, name: str) -> torch.Tensor:
     """The group of each of the K input rows, int64: `g_idx` checked, or the contiguous groups when it is absent."""
     if g_idx is None:
@@ -75,7 +80,7 @@ def dequantize_rows(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, 
     (G, N): broadcast over contiguous groups (no (K, N) copies of them), gathered per row for any other g_idx."""
     k, n = q.shape
     groups = scales.shape[0]
-    if torch.equal(g_idx, natural_g_idx(k, groups, g_idx.device).long()):
+    if _is_natural(g_idx, k, groups):
         grouped = q.unflatten(0, (groups, k // groups))
         return grouped.sub_(zeros.unsqueeze(1)).mul_(scales.unsqueeze(1)).flatten(0, 1)
     return q.sub_(zeros[g_idx]).mul_(scales[g_idx])
@@ -105,7 +110,7 @@ def from_natural(codes: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor 
     if g_idx is None:
         return Layer(codes, scales, None)
     g_idx = group_index(g_idx, k, groups, name)
-    if torch.equal(g_idx, natural_g_idx(k, groups, g_idx.device).long()):
+    if _is_natural(g_idx, k, groups):
         return Layer(codes, scales, None)
     counts = torch.bincount(g_idx, minlength=groups)
     if bool((counts != k // groups).any()):
