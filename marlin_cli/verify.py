@@ -132,8 +132,8 @@ def _export_layers(path: Path) -> list[_Layer]:
         groups = (shape + [0, 0])[0 if src.kind == repack.GPTQ else 1]
 
         def read(dev: torch.device, prefix: str = prefix, k: int = k, n: int = n, groups: int = groups) -> Checked:
-            try:
-                tensors = repack.layer_tensors(store, src, prefix)
+            try:  # decoded and converted on the device, as `marlin pack` does there
+                tensors = {key: t.to(dev) for key, t in repack.layer_tensors(store, src, prefix).items()}
                 weight = repack.dequantize(src, prefix, tensors)  # (N, K), the format's own decoding
                 problem = marlin.shape_problem(k, n, repack.group_size(src, prefix, k, groups or 1))
                 result = repack.exact(src, prefix, tensors)
@@ -142,8 +142,7 @@ def _export_layers(path: Path) -> list[_Layer]:
             if problem is not None:
                 return f"{problem}: the Marlin kernel cannot run this layer"
             packed = PACKERS[OutputFormat.MARLIN](result)
-            operands = [packed["B"].to(dev), packed["s"].to(dev), packed["perm"].to(dev) if "perm" in packed else None]
-            weight = weight.to(dev)
+            operands = [packed["B"], packed["s"], packed.get("perm")]
             return ops.gemm, operands, lambda a: a @ weight.T
 
         layers.append(_Layer(prefix, k, n, groups, read))
