@@ -368,7 +368,8 @@ struct Sm90Cfg {
   static constexpr int A_CHUNKS = 4 * KT;
   static constexpr int A_STAGE = R * A_CHUNKS;  // int4 per stage
   static constexpr int B_STAGE = KT * W / 2;    // packed k32 rows: 64 chunks per 128 columns
-  static constexpr int M_STAGE = KT * W / 4;    // metadata: 32 chunks per k32 row and 128 columns
+  // metadata: 96 chunks (three rows of bit planes) per 128-deep tile and strip; a 64-deep stage its tile's
+  static constexpr int M_STAGE = 96 * STRIPS * (KT < 4 ? 1 : KT / 4);
   static constexpr int S_STAGE = KT * W / 8;    // up to KT scale rows (group size 32)
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;  // whole swizzle atoms
   // 8- to 32-row chunks: as many stages as BLOCKS blocks per SM hold, at most 8 (two blocks: 3 / 5 at 256 columns,
@@ -403,7 +404,7 @@ struct Sm90WsCfg : detail::WsBlock {
   static constexpr int KT = 4, DEPTH = 32 * KT, A_CHUNKS = 4 * KT;  // 128 deep (perf-log s18)
   static constexpr int A_STAGE = R * A_CHUNKS;
   static constexpr int B_STAGE = KT * W / 2;
-  static constexpr int M_STAGE = KT * W / 4;
+  static constexpr int M_STAGE = 96 * STRIPS;  // one tile's bit planes per strip
   static constexpr int S_STAGE = KT * W / 8;
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;
   // Whole strips go to C through shared memory, 64 rows per round (store_staged): from the registers, this column
