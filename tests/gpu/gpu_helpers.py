@@ -65,7 +65,6 @@ def rel_error(c: torch.Tensor, ref: torch.Tensor) -> float:
     return ((c.float() - ref).abs().mean() / ref.abs().mean()).item()
 
 
-
 def random_operands24(
     m: int, k: int, n: int, group: int, device: str = "cuda", seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
