@@ -57,7 +57,6 @@ using namespace detail;
 // metadata tile by tile, strips side by side, as both lie in memory: the warp-specialized kernel copies a stage's
 // codes and metadata by a bulk copy each, the one-warpgroup kernels (stages of 2, 4 or 8 k32 rows; a 64-deep stage
 // copies its tile's planes) by 16-byte cp.async.
-constexpr int kTileB = 4 * 64, kTileM = 3 * 32;
 
 // Where k32 row `row` of 128-column strip `strip` begins in the kernel order's codes, in int4 from `base`; n is the
 // layer's column count.
