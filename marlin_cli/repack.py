@@ -188,7 +188,7 @@ def repack(job: RepackJob, on_progress: ProgressFn = lambda p: None) -> dict[str
         writer = ckpt.ShardWriter(tmp, job.output, job.max_shard_size)
         for i, prefix in enumerate(prefixes):
             on_progress(Progress("layers", i, len(prefixes), prefix))
-            tensors = {k: t.to(device) for k, t in layer_tensors(store, src, prefix).items()}
+            tensors = layer_tensors(store, src, prefix, device)
             report, result, weight = _convert(src, prefix, tensors, job)
             plan[prefix] = report
             if result is None:
@@ -280,9 +280,11 @@ def quantized_layers(store: ckpt.Checkpoint, src: Source) -> list[str]:
     return prefixes
 
 
-def layer_tensors(store: ckpt.Checkpoint, src: Source, prefix: str) -> dict[str, torch.Tensor]:
-    """A quantized layer's stored tensors by suffix (qweight, scales, ...); CheckpointError without its scales or
-    with damaged ones."""
+def layer_tensors(
+    store: ckpt.Checkpoint, src: Source, prefix: str, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """A quantized layer's stored tensors by suffix (qweight, scales, ...) on `device`; CheckpointError without its
+    scales or with damaged ones."""
     marker, suffixes, scales = KEYS[src.kind]
     if f"{prefix}.{scales}" not in store.file_of:
         raise CheckpointError(f"tensor {prefix}.{scales} is missing: {prefix}.{marker} cannot be read without it")
@@ -290,7 +292,7 @@ def layer_tensors(store: ckpt.Checkpoint, src: Source, prefix: str) -> dict[str,
         entry = store.entry(name)
         if entry["dtype"] not in dtypes or len(entry["shape"]) != 2:
             raise CheckpointError(f"tensor {name} is {entry['dtype']} {entry['shape']}, not a 2-D {'/'.join(dtypes)}")
-    tensors = {s: store.tensor(f"{prefix}.{s}") for s in suffixes if f"{prefix}.{s}" in store.file_of}
+    tensors = {s: store.tensor(f"{prefix}.{s}").to(device) for s in suffixes if f"{prefix}.{s}" in store.file_of}
     problem = scales_problem(f"{prefix}.{scales}", tensors[scales])
     if problem is not None:
         raise CheckpointError(f"{store.path}: {problem}: the checkpoint is damaged; re-export it")

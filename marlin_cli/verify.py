@@ -133,7 +133,7 @@ def _export_layers(path: Path) -> list[_Layer]:
 
         def read(dev: torch.device, prefix: str = prefix, k: int = k, n: int = n, groups: int = groups) -> Checked:
             try:  # decoded and converted on the device, as `marlin pack` does there
-                tensors = {key: t.to(dev) for key, t in repack.layer_tensors(store, src, prefix).items()}
+                tensors = repack.layer_tensors(store, src, prefix, dev)
                 weight = repack.dequantize(src, prefix, tensors)  # (N, K), the format's own decoding
                 problem = marlin.shape_problem(k, n, repack.group_size(src, prefix, k, groups or 1))
                 result = repack.exact(src, prefix, tensors)
