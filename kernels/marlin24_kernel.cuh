@@ -365,6 +365,9 @@ struct Sm90Cfg {
   static constexpr int LOAD_TID0 = 0;  // the threads that copy stages (Sm90Loader): all of them
   static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
   static constexpr int W = W_;
+  // Blocks per SM the registers are bounded for: four (128 registers) on 8- and 16-row 256-column tiles, so that a
+  // whole parts band's 512-thread block fits beside two of them (perf-log mc2); BLOCKS otherwise.
+  static constexpr int REG_BLOCKS = R <= 16 && W == 256 ? 4 : BLOCKS;
   static constexpr int STRIPS = W / 128;  // 128-column strips of the tile
   static constexpr int NS = STRIPS;       // of the warpgroup; also the packed words a warp takes of each chunk
   static constexpr int KT = R <= 16 ? (W == 256 ? 8 : 4) : R == 32 ? 4 : 2;  // k32 rows per stage

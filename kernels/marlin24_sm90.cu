@@ -334,7 +334,7 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
 #endif
 
 template <class C, bool GROUPED>
-__global__ void __launch_bounds__(C::THREADS, C::BLOCKS) gemm24_sm90_kernel(const Params p) {
+__global__ void __launch_bounds__(C::THREADS, C::REG_BLOCKS) gemm24_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int J = C::NS;  // packed words this warp takes of each chunk, and pairs of tiles (j, 0), (j, 1)
   extern __shared__ int4 smem[];
@@ -354,8 +354,9 @@ __global__ void __launch_bounds__(C::THREADS, C::BLOCKS) gemm24_sm90_kernel(cons
 #pragma unroll
     for (int e = 0; e < C::ACC; ++e) acc[u][e] = 0.f;
 
-  // 64-deep stages: tiles of the run alternate between the first and second half of a 128-deep tile (K / 64 is even)
-  int half = run.t_begin & 1;
+  // 64-deep stages: tiles of the run alternate between the first and second half of a 128-deep tile (K / 64 is even);
+  // deeper stages ignore it
+  int half = C::KT < 4 ? run.t_begin & 1 : 0;
   wgmma_run<C, SparseCols<C>, GROUPED>(p, run, smem, acc, loader, fence_proxy_async, [&](uint32_t st) {
     compute_stage<C, GROUPED, true, 1>(st, w, p.lg_group, acc, 2 * half);
     half ^= C::KT < 4;
