@@ -330,7 +330,7 @@ def test_parts_bands_split_where_their_block_does_not_fit() -> None:
     assert "Sm90Cfg<32, 256, 2>" in dense32 and _parts_blocks_per_band(dense32) == [1], dense32
     for m in (8, 16):
         a, b24, meta, s24 = random_operands24(m, 4096, 12288, 128)
-        sparse = kernels_launched(lambda: ops.gemm24(a, ops.prepare24(b24, meta), s24))
+        sparse = kernels_launched(lambda a=a, b=b24, meta=meta, s=s24: ops.gemm24(a, ops.prepare24(b, meta), s))
         assert f"Sm90Cfg<256, {m}, 2>" in sparse and _parts_blocks_per_band(sparse) == [1], sparse
 
 
