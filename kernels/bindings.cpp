@@ -80,12 +80,8 @@ at::Tensor gemm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
 at::Tensor gemm24_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& meta, const at::Tensor& s,
                        at::Tensor& workspace) {
   check_common("marlin_cli::gemm24", a, b, s, workspace, 32, 128);
-  // the Hopper kernels read the metadata's kernel order: three rows of bit planes per four stored rows
-  const bool planes = meta.is_cuda() && marlin_cli::gemm24_kernel_order(meta.get_device());
-  TORCH_CHECK(meta.is_cuda() && meta.scalar_type() == at::kShort && meta.dim() == 2 && meta.size(1) == b.size(1) &&
-                  meta.size(0) == (planes ? b.size(0) / 4 * 3 : b.size(0)) && meta.is_contiguous(),
-              "marlin_cli::gemm24: meta must be a contiguous int16 CUDA tensor of b's shape, (3K/128, 2N) on GPUs "
-              "whose kernels read the kernel order");
+  TORCH_CHECK(meta.is_cuda() && meta.scalar_type() == at::kShort && meta.sizes() == b.sizes() && meta.is_contiguous(),
+              "marlin_cli::gemm24: meta must be a contiguous int16 CUDA tensor of b's shape");
   const c10::cuda::CUDAGuard guard(a.device());
   marlin_cli::Gemm24Args args{};
   at::Tensor c = fill_common(args, "marlin_cli::gemm24", a, b, s, workspace);

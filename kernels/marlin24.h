@@ -13,7 +13,7 @@ namespace marlin_cli {
 struct Gemm24Args {
   const void* a;      // fp16 (m, k) row-major, contiguous
   const void* b;      // int32 (k / 32, 2 n): the kept codes, 2:4 tile order (see gemm24_kernel_order)
-  const void* meta;   // int16 (k / 32, 2 n): the metadata, mma.sp order; (3 k / 128, 2 n) in the kernel order
+  const void* meta;   // int16 (k / 32, 2 n): the metadata, mma.sp order (see gemm24_kernel_order)
   const void* s;      // fp16 (groups, n), 2:4 column order
   void* c;            // fp16 (m, n) output
   int* workspace;     // int32, workspace_ints(sms) entries
@@ -27,7 +27,7 @@ struct Gemm24Args {
 cudaError_t gemm24(const Gemm24Args& args, cudaStream_t stream);
 
 // Whether gemm24 on `device` runs the Hopper (wgmma.sp) kernels, which read b and meta in the kernel order
-// (marlin_cli.formats.marlin24.to_kernel_order: the metadata as 3-bit codes in bit planes) rather than as stored.
+// (marlin_cli.formats.marlin24.to_kernel_order) rather than as stored.
 bool gemm24_kernel_order(int device);
 
 }  // namespace marlin_cli

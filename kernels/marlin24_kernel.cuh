@@ -348,10 +348,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) gemm24_kernel(const
       [] {}, [&](uint32_t st) { compute_stage(at(st)); }, finish);
 }
 
-// The Hopper kernels' order of B_24 and B_meta (marlin24_sm90.cu): int4 per 128-column strip and 128-deep tile of
-// the codes (four k32 rows) and of the metadata (three rows of bit planes).
-constexpr int kTileB = 4 * 64, kTileM = 3 * 32;
-
 // The 2:4 wgmma kernel on sm_90a (marlin24_sm90.cu): one warpgroup per block, R-row chunks (wgmma's n: 64, 32 for m =
 // 17-32, 16 for m <= 16, 8 for m <= 8 on most layers: marlin24.cu) by W-column tiles (two 128-column strips of the
 // layout, or one on narrow layers: detail::sm90_cols64; 64-row chunks by one only, since 64 x 256 tiles run on
@@ -365,9 +361,6 @@ struct Sm90Cfg {
   static constexpr int LOAD_TID0 = 0;  // the threads that copy stages (Sm90Loader): all of them
   static constexpr int R = R_;         // rows of the A / C tile: wgmma's n
   static constexpr int W = W_;
-  // Blocks per SM the registers are bounded for: four (128 registers) on 8- and 16-row 256-column tiles, so that a
-  // whole parts band's 512-thread block fits beside two of them (perf-log mc2); BLOCKS otherwise.
-  static constexpr int REG_BLOCKS = R <= 16 && W == 256 ? 4 : BLOCKS;
   static constexpr int STRIPS = W / 128;  // 128-column strips of the tile
   static constexpr int NS = STRIPS;       // of the warpgroup; also the packed words a warp takes of each chunk
   static constexpr int KT = R <= 16 ? (W == 256 ? 8 : 4) : R == 32 ? 4 : 2;  // k32 rows per stage
@@ -375,7 +368,7 @@ struct Sm90Cfg {
   static constexpr int A_CHUNKS = 4 * KT;
   static constexpr int A_STAGE = R * A_CHUNKS;  // int4 per stage
   static constexpr int B_STAGE = KT * W / 2;    // packed k32 rows: 64 chunks per 128 columns
-  static constexpr int M_STAGE = kTileM * STRIPS * (KT < 4 ? 1 : KT / 4);  // a 64-deep stage: its tile's planes
+  static constexpr int M_STAGE = KT * W / 4;    // metadata: 32 chunks per k32 row and 128 columns
   static constexpr int S_STAGE = KT * W / 8;    // up to KT scale rows (group size 32)
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;  // whole swizzle atoms
   // 8- to 32-row chunks: as many stages as BLOCKS blocks per SM hold, at most 8 (two blocks: 3 / 5 at 256 columns,
@@ -410,7 +403,7 @@ struct Sm90WsCfg : detail::WsBlock {
   static constexpr int KT = 4, DEPTH = 32 * KT, A_CHUNKS = 4 * KT;  // 128 deep (perf-log s18)
   static constexpr int A_STAGE = R * A_CHUNKS;
   static constexpr int B_STAGE = KT * W / 2;
-  static constexpr int M_STAGE = kTileM * STRIPS;  // one tile's bit planes per strip
+  static constexpr int M_STAGE = KT * W / 4;
   static constexpr int S_STAGE = KT * W / 8;
   static constexpr int STAGE = (A_STAGE + B_STAGE + M_STAGE + S_STAGE + 63) / 64 * 64;
   // Whole strips go to C through shared memory, 64 rows per round (store_staged): from the registers, this column

@@ -49,56 +49,17 @@ using namespace detail;
 // blocks of one 128-column strip's four k32 rows of a 128-deep tile, tile by tile and strip by strip within a tile
 // (kTileB int4 of codes and kTileM of metadata per tile and strip). In a k32 row of codes each (strip, word) is a
 // run of 64 words, the h = 0 and h = 1 halves rotated so that a computing warp's 32 lanes (one word w, lane (g, t):
-// one word per half) hit 32 banks. The metadata of a tile's four rows is three rows of bit planes, 3 bits per group
-// of four instead of the stored 4 (perf-log mc1): at a lane's position, bit 4k + q of plane c is bit c of the code
-// (meta_lut) of nibble k of row q's metadata word there, so a lane reads three words for four rows' metadata
-// (meta_planes, meta_word). Each plane row's 16-byte chunks are swizzled (chunk c at c ^ (c >> 3 & 3)), so that the
-// lanes' loads (TileWords::m_off) are conflict-free too. Stages hold the codes strip by strip, row by row, and the
-// metadata tile by tile, strips side by side, as both lie in memory: the warp-specialized kernel copies a stage's
-// codes and metadata by a bulk copy each, the one-warpgroup kernels (stages of 2, 4 or 8 k32 rows; a 64-deep stage
-// copies its tile's planes) by 16-byte cp.async.
+// one word per half) hit 32 banks; the metadata's 16-byte chunks are swizzled within each row of a strip (chunk c at
+// c ^ (c >> 3 & 3)), so that the lanes' metadata loads (TileWords::m_off) are conflict-free too. Stages hold codes
+// and metadata strip by strip, row by row, as they lie in memory: the warp-specialized kernel copies a stage's codes
+// and metadata by a bulk copy each, the one-warpgroup kernels (stages of 2, 4 or 8 k32 rows) by 16-byte cp.async.
+constexpr int kTileB = 4 * 64, kTileM = 4 * 32;
 
-// Where k32 row `row` of 128-column strip `strip` begins in the kernel order's codes, in int4 from `base`; n is the
-// layer's column count.
-__device__ __forceinline__ const int4* code_row(const int4* base, int n, int strip, int row) {
-  return base + (row >> 2) * (int64_t{kTileB} * (n / 128)) + strip * kTileB + (row & 3) * (kTileB / 4);
-}
-// Where the metadata planes of the tile holding k32 row `row` of strip `strip` begin.
-__device__ __forceinline__ const int4* meta_tile(const int4* base, int n, int strip, int row) {
-  return base + (row >> 2) * (int64_t{kTileM} * (n / 128)) + strip * kTileM;
-}
-
-// lop3's table of nibble bit `bit` (idx0 | idx1 << 2) as a function of a code's bits (planes 0, 1, 2 as lop3's a, b,
-// c): codes 0-5 are marlin_cli.formats.marlin24.META_NIBBLES, 6 and 7 (never written) decode as code 0.
-__host__ __device__ constexpr uint32_t meta_lut(int bit) {
-  constexpr int kNibbles[8] = {4, 8, 12, 9, 13, 14, 4, 4};
-  uint32_t lut = 0;
-  for (int i = 0; i < 8; ++i) {
-    const int code = ((0xF0 >> i) & 1) | ((0xCC >> i) & 1) << 1 | ((0xAA >> i) & 1) << 2;
-    lut |= ((kNibbles[code] >> bit) & 1u) << i;
-  }
-  return lut;
-}
-template <uint32_t LUT>
-__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c), "n"(LUT));
-  return r;
-}
-// A lane's three plane words -> f[b]: bit 4k + q is bit b of nibble k of row q's metadata word.
-__device__ __forceinline__ void meta_planes(const uint32_t (&x)[3], uint32_t (&f)[4]) {
-  f[0] = lop3<meta_lut(0)>(x[0], x[1], x[2]);
-  f[1] = lop3<meta_lut(1)>(x[0], x[1], x[2]);
-  f[2] = lop3<meta_lut(2)>(x[0], x[1], x[2]);
-  f[3] = lop3<meta_lut(3)>(x[0], x[1], x[2]);
-}
-// Row q's metadata word (its bit 4k + b is f[b]'s bit 4k + q): rotations by constants where q is one.
-__device__ __forceinline__ uint32_t meta_word(const uint32_t (&f)[4], int q) {
-  constexpr uint32_t kBit0 = 0x11111111u;  // bit 0 of every nibble
-  uint32_t n = 0;
-#pragma unroll
-  for (int b = 0; b < 4; ++b) n |= __funnelshift_r(f[b], f[b], (q - b) & 31) & (kBit0 << b);
-  return n;
+// Where k32 row `row` of 128-column strip `strip` begins in the kernel order, in int4 from `base`: TILE is kTileB for
+// the codes, kTileM for the metadata; n is the layer's column count.
+template <int TILE>
+__device__ __forceinline__ const int4* kernel_row(const int4* base, int n, int strip, int row) {
+  return base + (row >> 2) * (int64_t{TILE} * (n / 128)) + strip * TILE + (row & 3) * (TILE / 4);
 }
 
 // Byte offset in a stage of word w of chunk 8g + 4h + t of strip s's k32 row 0 of the stage (row q adds 1024 bytes).
@@ -117,9 +78,12 @@ struct Sm90Loader {
   static constexpr int PANELS = C::A_CHUNKS / 8;  // 64-deep panels of the A tile
   static constexpr int A_ROWS = C::R < 16 ? C::R : 16, A_PP = 16 / A_ROWS;  // rows and panels per pass
   static constexpr int B_PER = C::B_STAGE / T;
+  static constexpr int M_PER = (C::M_STAGE + T - 1) / T;
   static constexpr int S_PER = (C::S_STAGE + T - 1) / T;  // scale rows: KT at most (groups of 32)
   static constexpr int S_ROWS = T / (C::W / 8);
   static_assert(C::B_STAGE % T == 0 && C::KT % 2 == 0, "whole passes, two k32 rows of codes each");
+  static_assert(C::M_STAGE <= T || C::KT % 4 == 0, "passes of four whole k32 rows of metadata");
+  static_assert(C::M_STAGE <= T || C::M_STAGE % T == 0, "whole passes");
   static_assert((C::R % 16 == 0 || C::R == 8) && PANELS % A_PP == 0, "16 rows of a panel or 8 of two per pass");
   static_assert(C::S_STAGE <= T || C::S_STAGE % T == 0, "whole passes");
 
@@ -157,25 +121,25 @@ struct Sm90Loader {
     const bool weights = what != Copies::kActs, acts = what != Copies::kWeights;
     const int a_tile = (what == Copies::kActs ? kt : ld.kt) * C::A_CHUNKS;
     if (weights) {
-      // Chunk e = tid + i * T of the stage's codes is chunk e % 64 of row q = e / 64 % KT of strip e / 64 / KT; rows
-      // 4 apart lie a tile of every strip apart. A pass's first row q0 and strip are constants, and tid adds less
-      // than 4 - q0 % 4 rows to it (KT is even), so the offset is a constant plus tid.
+      // Chunk e = tid + i * T of the stage's codes is chunk e % 64 of row q = e / 64 % KT of strip e / 64 / KT, of its
+      // metadata chunk e % 32 of row e / 32 % KT of strip e / 32 / KT; rows 4 apart lie a tile of every strip apart.
+      // A pass's first row q0 and strip are constants, and tid adds less than 4 - q0 % 4 rows to it (KT is even,
+      // and at least 4 where the metadata takes more than one pass), so the offset is a constant plus tid.
       const int strip0 = ld.col * C::STRIPS;
-      const int4* b = code_row(p.b, p.n, strip0, row) + tid;
+      const int4* b = kernel_row<kTileB>(p.b, p.n, strip0, row) + tid;
 #pragma unroll
       for (int i = 0; i < B_PER; ++i) {
         constexpr int kRows = T / 64;
         const int q0 = i * kRows % C::KT, s = i * kRows / C::KT;
-        cp_async16(st + b_dst + i * T * 16, code_row(b, p.n, s, q0));
+        cp_async16(st + b_dst + i * T * 16, kernel_row<kTileB>(b, p.n, s, q0));
       }
-      // Metadata: a pass per (tile, strip) of the stage, tile by tile, by its first kTileM threads, so that each
-      // copy's source is the thread's base plus a constant or a tile's stride.
-      const int4* m = meta_tile(p.meta, p.n, strip0, row) + tid;
+      const int4* m = kernel_row<kTileM>(p.meta, p.n, strip0, row) + tid;
 #pragma unroll
-      for (int u = 0; u < C::M_STAGE / kTileM; ++u) {
-        if (tid < kTileM) {
-          cp_async16(st + m_dst + u * kTileM * 16,
-                     m + u / C::STRIPS * (int64_t{kTileM} * (p.n / 128)) + u % C::STRIPS * kTileM);
+      for (int i = 0; i < M_PER; ++i) {
+        constexpr int kRows = T / 32;
+        const int q0 = i * kRows % C::KT, s = i * kRows / C::KT;
+        if (C::M_STAGE >= T || tid < C::M_STAGE) {  // fewer chunks than threads: one pass, some threads
+          cp_async16(st + m_dst + i * T * 16, kernel_row<kTileM>(m, p.n, s, q0));
         }
       }
     }
@@ -223,8 +187,7 @@ struct SparseCols {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Byte offsets in a stage of config C for thread tid's tiles at k32 row 0 (row q adds q times the row's bytes):
 // words word0 + jj (jj < J) of chunks 8g + t and 8g + 4 + t of its warp's strip (kernel_word), metadata words
-// j = word0 + jj in the stage's first metadata plane (plane c adds c plane rows, tile q / 4 of the stage a tile of
-// the block's strips), scales of those tiles.
+// j = word0 + jj, scales of those tiles.
 template <class C>
 struct TileWords {
   static constexpr int J = C::NS;
@@ -241,7 +204,7 @@ struct TileWords {
       b_x[jj] = kernel_word<C>(strip, word0 + jj, 0, g, t);
       b_y[jj] = kernel_word<C>(strip, word0 + jj, 1, g, t);
       const int blk = g / 2, q = 4 * (t / 2) + ((word0 + jj) ^ blk);
-      m_off[jj] = ((C::A_STAGE + C::B_STAGE + strip * kTileM + 8 * blk + q) * 4 + 2 * (g & 1) + (t & 1)) * 4;
+      m_off[jj] = ((C::A_STAGE + C::B_STAGE + strip * C::KT * 32 + 8 * blk + q) * 4 + 2 * (g & 1) + (t & 1)) * 4;
     }
     s_off = (C::A_STAGE + C::B_STAGE + C::M_STAGE + strip * 16 + 2 * g) * 16 + 4 * word0;
   }
@@ -258,17 +221,14 @@ struct TileWords {
 // once the wgmma.sp has issued, and the hardware reads it later. Rewrites 20 and 57 instructions after the issue gave
 // wrong outputs, 65 or more never have (perf-log s15, s17; 100 since s22); scripts/check_meta_hazards.py reports a
 // build's nearest.
-// The metadata's planes are read with a tile's first row and decoded row by row (meta_word); q0 is the stage's first
-// row within its tile (2 for the second 64-deep stage of a tile, else 0).
 template <class C, bool GROUPED, bool DRAIN, int L, int U>
 __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w, int lg_group,
-                                              float (&acc)[U][C::ACC], int q0 = 0) {
+                                              float (&acc)[U][C::ACC]) {
   constexpr int J = U / 2, KT = C::KT;
-  // a k32 row of a strip's codes, a plane row of its metadata, a tile's planes of the block's strips, a row of scales
-  constexpr uint32_t kBRow = 64 * 16, kMRow = 32 * 16, kMTile = kTileM * C::STRIPS * 16, kSRow = C::W / 8 * 16;
+  constexpr uint32_t kBRow = 64 * 16, kMRow = 32 * 16, kSRow = C::W / 8 * 16;  // a k32 row of a strip; of scales
   static_assert(L >= 1 && L < KT, "a wait leaves 1 to KT - 1 groups in flight, so a stage's last L + 1 fit in it");
   struct Row {
-    uint32_t wx[J], wy[J], planes[J][3], vx[J] = {}, vy[J] = {};  // planes: at a tile's first row
+    uint32_t wx[J], wy[J], mw[J], vx[J] = {}, vy[J] = {};
   };
   // Where the next row's words are read: before this row's wgmma.sp (8-row chunks, perf-log pb2; 16-row chunks at
   // three blocks per SM, measured on 11008 x 4096's runs of 7 tiles: p3), before its wait (32 rows and more, s15) or
@@ -296,24 +256,14 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
       for (int jj = 0; jj < J; ++jj) r.vx[jj] = row[q - 1].vx[jj], r.vy[jj] = row[q - 1].vy[jj];
     }
 #pragma unroll
-    for (int jj = 0; jj < J; ++jj)
-#pragma unroll
-      for (int c = 0; c < 3; ++c) {
-        if (q % 4 == 0) r.planes[jj][c] = lds32(st + w.m_off[jj] + q / 4 * kMTile + c * kMRow);
-      }
+    for (int jj = 0; jj < J; ++jj) r.mw[jj] = lds32(st + w.m_off[jj] + q * kMRow);
   };
   lds_row(0);
-  uint32_t meta[J][4];  // meta_planes of the current tile
 #pragma unroll
   for (int q = 0; q < KT; ++q) {
     const uint64_t desc = a_panel_desc(st, C::R, 2 * q) + w.a_row;  // k32 row q of A: k16 tiles 2q, 2q + 1
     const Row& r = row[q];
-    uint32_t a[2 * J][4], mw[J];
-#pragma unroll
-    for (int jj = 0; jj < J; ++jj) {
-      if (q % 4 == 0) meta_planes(r.planes[jj], meta[jj]);
-      mw[jj] = meta_word(meta[jj], KT < 4 ? q0 + q : q % 4);
-    }
+    uint32_t a[2 * J][4];
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) tile_pair<GROUPED>(r.wx[jj], r.wy[jj], r.vx[jj], r.vy[jj], a[2 * jj], a[2 * jj + 1]);
     if (q + 1 < KT && kNext == kBeforeIssue) lds_row(q + 1);
@@ -321,8 +271,8 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
     wgmma_fence();  // the fragments (and, after a finish, the zeroed accumulators) are written
 #pragma unroll
     for (int jj = 0; jj < J; ++jj) {
-      wgmma_sp_m64k32<2 * C::ACC, 0>(acc[2 * jj], a[2 * jj], mw[jj], desc);
-      wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], mw[jj], desc);
+      wgmma_sp_m64k32<2 * C::ACC, 0>(acc[2 * jj], a[2 * jj], r.mw[jj], desc);
+      wgmma_sp_m64k32<2 * C::ACC, 1>(acc[2 * jj + 1], a[2 * jj + 1], r.mw[jj], desc);
     }
     wgmma_commit();
     if (q + 1 < KT && kNext == kBeforeWait) lds_row(q + 1);
@@ -334,7 +284,7 @@ __device__ __forceinline__ void compute_stage(uint32_t st, const TileWords<C>& w
 #endif
 
 template <class C, bool GROUPED>
-__global__ void __launch_bounds__(C::THREADS, C::REG_BLOCKS) gemm24_sm90_kernel(const Params p) {
+__global__ void __launch_bounds__(C::THREADS, C::BLOCKS) gemm24_sm90_kernel(const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int J = C::NS;  // packed words this warp takes of each chunk, and pairs of tiles (j, 0), (j, 1)
   extern __shared__ int4 smem[];
@@ -354,12 +304,8 @@ __global__ void __launch_bounds__(C::THREADS, C::REG_BLOCKS) gemm24_sm90_kernel(
 #pragma unroll
     for (int e = 0; e < C::ACC; ++e) acc[u][e] = 0.f;
 
-  // 64-deep stages: tiles of the run alternate between the first and second half of a 128-deep tile (K / 64 is even);
-  // deeper stages ignore it
-  int half = C::KT < 4 ? run.t_begin & 1 : 0;
   wgmma_run<C, SparseCols<C>, GROUPED>(p, run, smem, acc, loader, fence_proxy_async, [&](uint32_t st) {
-    compute_stage<C, GROUPED, true, 1>(st, w, p.lg_group, acc, 2 * half);
-    half ^= C::KT < 4;
+    compute_stage<C, GROUPED, true, 1>(st, w, p.lg_group, acc);
   });
 #endif
 }
@@ -385,8 +331,8 @@ __global__ void __launch_bounds__(C::BLOCK_THREADS, 1)
     auto weights = [&](uint32_t st, uint32_t bar, TilePos at) {
       mbar_expect(bar, bytes);
       const int row = at.kt * C::KT, strip0 = at.col * C::STRIPS;  // the stage's first k32 row and 128-column strip
-      bulk_copy(st + C::A_STAGE * 16, code_row(p.b, p.n, strip0, row), C::B_STAGE * 16, bar);
-      bulk_copy(st + (C::A_STAGE + C::B_STAGE) * 16, meta_tile(p.meta, p.n, strip0, row), C::M_STAGE * 16,
+      bulk_copy(st + C::A_STAGE * 16, kernel_row<kTileB>(p.b, p.n, strip0, row), C::B_STAGE * 16, bar);
+      bulk_copy(st + (C::A_STAGE + C::B_STAGE) * 16, kernel_row<kTileM>(p.meta, p.n, strip0, row), C::M_STAGE * 16,
                 bar);
       for (int r = 0; r < s_rows; ++r) {
         bulk_copy(st + (C::A_STAGE + C::B_STAGE + C::M_STAGE + r * C::W / 8) * 16,

@@ -81,8 +81,8 @@ def load_builds(dirs: list[Path]) -> dict[str, object]:
 
 def kernel_order24(ops_ns: object) -> bool:
     """Whether a build's 2:4 kernel reads its weights in formats.marlin24's kernel order on this GPU (builds from
-    before that order have no gemm24_kernel_order and read them as stored; builds between perf-log ko1 and mc1 read
-    4-bit metadata in that order, which this tree no longer writes: compare them with scripts/bench_trees.py)."""
+    before that order have no gemm24_kernel_order and read them as stored; builds of perf-log mc1 and mc2 read 3-bit
+    metadata in that order, which this tree does not write: compare those with scripts/bench_trees.py)."""
     order = getattr(ops_ns, "gemm24_kernel_order", None)
     return order is not None and bool(order(torch.cuda.current_device()))
 

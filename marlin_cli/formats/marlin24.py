@@ -177,73 +177,33 @@ def kernel_meta_perm() -> torch.Tensor:
     return c ^ (c >> 3 & 3)
 
 
-# The six 2:4 patterns (idx0 | idx1 << 2, idx0 < idx1) by their 3-bit codes in the kernel order's metadata; the
-# Hopper kernels decode with the same table (kernels/marlin24_sm90.cu, meta_lut).
-META_NIBBLES = (4, 8, 12, 9, 13, 14)
-
-
-def _codes_to_planes(words: torch.Tensor) -> torch.Tensor:
-    """(..., 4, P) int32 metadata words of four k32 rows -> (..., 3, P) int32 bit planes: bit 4k + q of plane c is bit
-    c of the 3-bit code of nibble k of row q's word at the same position."""
-    table = torch.zeros(16, dtype=torch.int8, device=words.device)  # other nibbles (an unloaded buffer): code 0
-    table[list(META_NIBBLES)] = torch.arange(6, dtype=torch.int8, device=words.device)
-    codes = table[unpack_nibbles(words).long()]  # (..., 4, P, 8)
-    bits = codes.unsqueeze(-1) >> torch.arange(3, dtype=torch.int8, device=words.device) & 1  # (..., 4, P, 8, 3)
-    weights = torch.tensor([1, 2, 4, 8], dtype=torch.int8, device=words.device).view(4, 1, 1, 1)
-    planes = (bits * weights).sum(dim=-4, dtype=torch.int8)  # (..., P, 8, 3): bit q of nibble k
-    return pack_nibbles(planes.movedim(-1, -3))  # (..., 3, P)
-
-
-def _planes_to_codes(planes: torch.Tensor) -> torch.Tensor:
-    """The exact inverse of `_codes_to_planes`: (..., 3, P) -> (..., 4, P) int32 metadata words."""
-    v = unpack_nibbles(planes)  # (..., 3, P, 8)
-    rows = torch.arange(4, device=planes.device).view(4, 1, 1, 1)
-    codes = sum(((v.unsqueeze(-4) >> rows) & 1).select(-3, c).long() << c for c in range(3))  # (..., 4, P, 8)
-    table = torch.tensor(META_NIBBLES + META_NIBBLES[:1] * 2, dtype=torch.uint8, device=planes.device)  # as meta_lut
-    return pack_nibbles(table[codes])
-
-
 def _permute_strips(b24: torch.Tensor, meta: torch.Tensor, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = b24.shape[0] if b24.dim() == 2 else 0
-    if (
-        b24.dim() != 2
-        or meta.dim() != 2
-        or b24.shape[1] % 256
-        or rows % 4
-        or meta.shape != ((3 * rows // 4, b24.shape[1]) if inverse else b24.shape)
-    ):
-        form = "B_meta int16 (3K/128, 2N) in the kernel order" if inverse else "B_meta int16 of the same shape"
+    if b24.dim() != 2 or meta.shape != b24.shape or b24.shape[1] % 256 or b24.shape[0] % 4:
         raise ShapeError(
             f"B_24 {tuple(b24.shape)}, B_meta {tuple(meta.shape)}: a 2:4 layer is B_24 int32 (K/32, 2N) with K a "
-            f"multiple of 128 and N a multiple of 128, and {form}"
+            "multiple of 128 and N a multiple of 128, and B_meta int16 of the same shape"
         )
     words, chunks = kernel_word_perm().to(b24.device), kernel_meta_perm().to(meta.device)
-    tiles, strips = rows // 4, b24.shape[1] // 256
+    tiles, strips = b24.shape[0] // 4, b24.shape[1] // 256
     if inverse:
         b = b24.reshape(tiles, strips, 4, 256).transpose(1, 2)[..., torch.argsort(words)]
-        m = _planes_to_codes(meta.reshape(tiles, strips, 3, 256).view(torch.int32)).view(torch.int16)
-        m = m.reshape(tiles, strips, 4, 32, 8).transpose(1, 2)[..., chunks, :]
-        return b.reshape(b24.shape).contiguous(), m.reshape(b24.shape).contiguous()
-    b = b24.reshape(tiles, 4, strips, 256)[..., words].transpose(1, 2)
-    m = meta.reshape(tiles, 4, strips, 32, 8)[..., chunks, :].transpose(1, 2).contiguous()
-    planes = _codes_to_planes(m.reshape(tiles, strips, 4, 256).view(torch.int32))  # (tiles, strips, 3, 128)
-    return b.reshape(b24.shape).contiguous(), planes.view(torch.int16).reshape(3 * tiles, b24.shape[1])
+        m = meta.reshape(tiles, strips, 4, 32, 8).transpose(1, 2)[..., chunks, :]
+    else:
+        b = b24.reshape(tiles, 4, strips, 256)[..., words].transpose(1, 2)
+        m = meta.reshape(tiles, 4, strips, 32, 8)[..., chunks, :].transpose(1, 2)
+    return b.reshape(b24.shape).contiguous(), m.reshape(meta.shape).contiguous()
 
 
 def to_kernel_order(b24: torch.Tensor, meta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`B_24` and `B_meta` as the Hopper (wgmma.sp) kernels read them: new tensors, each 128-column strip's k32 rows
     permuted (kernel_word_perm, kernel_meta_perm) and the four rows of each 128-deep tile of a strip put together
-    (tile, strip, row of the four). The metadata of those four rows becomes three rows of bit planes (3 bits per
-    group of four, the pattern's code in META_NIBBLES, in place of the 4-bit nibble): B_meta (3K/128, 2N), 8% fewer
-    bytes than the weights' stored 3.125 bits a weight at group 128. The checkpoint keeps the stored order, which the
-    mma.sp kernel reads; this one lets the Hopper kernels copy a tile's codes and metadata into shared memory as they
-    lie, a bulk copy each."""
+    (tile, strip, row of the four). The checkpoint keeps the stored order, which the mma.sp kernel reads; this one
+    lets the Hopper kernels copy a tile's codes and metadata into shared memory as they lie, a bulk copy each."""
     return _permute_strips(b24, meta, inverse=False)
 
 
 def from_kernel_order(b24: torch.Tensor, meta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact inverse of `to_kernel_order` for metadata whose every nibble names a 2:4 pattern (others, as in a
-    buffer not yet loaded, come back as code 0's; `marlin verify` and `unpack` refuse them)."""
+    """The exact inverse of `to_kernel_order`."""
     return _permute_strips(b24, meta, inverse=True)
 
 

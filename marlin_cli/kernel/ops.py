@@ -86,22 +86,17 @@ def check_shapes(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, perm: torch.
         raise ShapeError(f"perm {tuple(perm.shape)} must be ({k},), one index per input feature of a")
 
 
-def check_shapes24(
-    a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor, kernel_order: bool = False
-) -> None:
-    """Raise ShapeError (value, rule, fix) unless the operands fit the 2:4 layout (B_meta as stored, or in the kernel
-    order: three rows of bit planes per four stored rows)."""
+def check_shapes24(a: torch.Tensor, b24: torch.Tensor, meta: torch.Tensor, s: torch.Tensor) -> None:
+    """Raise ShapeError (value, rule, fix) unless the operands fit the 2:4 layout."""
     _check_2d(a=a, b24=b24, meta=meta, s=s)
     _check_a(a)
     k = a.shape[1]
     n = b24.shape[1] // 2
-    meta_rows = 3 * b24.shape[0] // 4 if kernel_order else b24.shape[0]
-    if b24.shape[0] * 32 != k or b24.shape[1] % 2 or meta.shape != (meta_rows, b24.shape[1]):
-        form = "(3K/128, 2N) in the kernel order" if kernel_order else "of the same shape"
+    if b24.shape[0] * 32 != k or b24.shape[1] % 2 or meta.shape != b24.shape:
         raise ShapeError(
             f"b24 {tuple(b24.shape)} and meta {tuple(meta.shape)} do not match a {tuple(a.shape)}: a 2:4 weight for "
-            f"K={k} is int32 (K/32, 2N) = ({k // 32}, 2N) with int16 metadata {form}; pass the `.B_24` and `.B_meta` "
-            "tensors packed for this layer through prepare24"
+            f"K={k} is int32 (K/32, 2N) = ({k // 32}, 2N) with int16 metadata of the same shape; pass the `.B_24` "
+            "and `.B_meta` tensors packed for this layer"
         )
     if n % 128:
         raise ShapeError(f"out_features={n} must be a multiple of 128 (2:4 Marlin tile); keep this layer dense")
@@ -203,8 +198,7 @@ def kernel_order24(device: torch.device | str) -> bool:
 def prepare24(b24: torch.Tensor, meta: torch.Tensor) -> Weights24:
     """A checkpoint's B_24 and B_meta in the order `gemm24` reads them on their device: permuted copies where the
     Hopper kernels run (formats.marlin24.to_kernel_order: they then copy whole tiles into shared memory as they lie,
-    perf-log ko1, ko2, and read the metadata at 3 bits per group of four, mc1), the tensors themselves elsewhere. Made
-    once per layer, when it is loaded."""
+    perf-log ko1, ko2), the tensors themselves elsewhere. Made once per layer, when it is loaded."""
     if kernel_order24(b24.device):
         return Weights24(*marlin24.to_kernel_order(b24, meta), kernel_order=True)
     return Weights24(b24, meta, kernel_order=False)
@@ -212,8 +206,7 @@ def prepare24(b24: torch.Tensor, meta: torch.Tensor) -> Weights24:
 
 def gemm24(a: torch.Tensor, w: Weights24, s: torch.Tensor) -> torch.Tensor:
     """C (M, N) = A @ dequant24(B): A (M, K) fp16, B_24 int32 (K/32, 2N) and B_meta int16 (K/32, 2N) of the 2:4
-    layout (formats/marlin24.py) as `prepare24` returns them (B_meta (3K/128, 2N) in the kernel order), s fp16
-    (K/g, N).
+    layout (formats/marlin24.py) as `prepare24` returns them, s fp16 (K/g, N).
 
     K % 128 == 0, N % 128 == 0, g in {32, 64, 128} or one row of per-channel scales. CUDA tensors run through the
     2:4 kernel (KernelUnavailable if it cannot be built), CPU tensors through the reference. Shares `gemm`'s
@@ -223,7 +216,7 @@ def gemm24(a: torch.Tensor, w: Weights24, s: torch.Tensor) -> torch.Tensor:
     if not isinstance(w, Weights24):
         raise TypeError("gemm24 takes the layer's codes and metadata as prepare24(b24, meta) returns them")
     b24, meta = w.b24, w.meta
-    check_shapes24(a, b24, meta, s, w.kernel_order)
+    check_shapes24(a, b24, meta, s)
     if a.device.type != "cuda":
         if w.kernel_order:
             b24, meta = marlin24.from_kernel_order(b24, meta)
