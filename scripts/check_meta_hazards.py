@@ -147,7 +147,8 @@ def main() -> int:
     if loops == 0:
         print(f"{args.object}: no stage loop of HGMMA.SP (no sm_90a code of the 2:4 wgmma kernels)")
         return 2
-    print(f"nearest rewrite: {worst if worst is not None else 'none'} instructions (accepted from {args.min})")
+    nearest = "none while a group runs" if worst is None else f"{worst} instructions"
+    print(f"nearest rewrite: {nearest} (accepted from {args.min})")
     return 1 if worst is not None and worst < args.min else 0
 
 
