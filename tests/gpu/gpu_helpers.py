@@ -78,9 +78,7 @@ def random_operands24(
     a = torch.randn(m, k, generator=gen, device=device).half()
     b24 = torch.randint(-(2**31), 2**31 - 1, (k // 32, 2 * n), generator=gen, device=device, dtype=torch.int64)
     pick = torch.randint(0, len(META_NIBBLES), (k // 32, 2 * n, 4), generator=gen, device=device)
-    nibbles = torch.tensor(META_NIBBLES, device=device)[pick]
-    words = (nibbles << torch.arange(0, 16, 4, device=device)).sum(-1)
-    meta = torch.where(words >= 2**15, words - 2**16, words).to(torch.int16)
+    meta = grid.pack_nibbles(torch.tensor(META_NIBBLES, device=device)[pick], torch.int16)
     groups = 1 if group == -1 else k // group
     s = ((torch.rand(groups, n, generator=gen, device=device) + 0.5) / 64).half()
     return a, b24.to(torch.int32), meta, s
